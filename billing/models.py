@@ -1,0 +1,1 @@
+"""Tables of the billing capability (arrive with its issue)."""

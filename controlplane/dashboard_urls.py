@@ -1,0 +1,34 @@
+from django.urls import path
+
+from controlplane import views
+
+app_name = "dashboard"
+
+CAPABILITIES = [
+    ("registry", "Model registry", "#3"),
+    ("regions", "Regions", "#4"),
+    ("deployments", "Deployments", "#4"),
+    ("routing", "Routing", "#6"),
+    ("costs", "Costs", "#7"),
+]
+
+urlpatterns = [
+    path("", views.overview, name="overview"),
+    path("tenants/", views.tenant_list, name="tenants"),
+    path("tenants/new/", views.tenant_create, name="tenant-create"),
+    path("tenants/<slug:slug>/", views.tenant_detail, name="tenant"),
+    path("tenants/<slug:slug>/edit/", views.tenant_edit, name="tenant-edit"),
+    path("tenants/<slug:slug>/members/", views.member_set, name="member-set"),
+    path("tenants/<slug:slug>/members/<str:username>/remove/", views.member_remove, name="member-remove"),
+    path("tenants/<slug:slug>/service-accounts/", views.robot_create, name="robot-create"),
+    path("users/", views.user_list, name="users"),
+    path("tokens/", views.token_list, name="tokens"),
+    path("tokens/<int:pk>/revoke/", views.token_revoke, name="token-revoke"),
+    path("audit/", views.audit_log, name="audit"),
+    path("audit/verify/", views.audit_verify, name="audit-verify"),
+    path("operations/<uuid:pk>/", views.operation_detail, name="operation"),
+    *[
+        path(f"{slug}/", views.capability, {"title": title, "issue": issue}, name=slug)
+        for slug, title, issue in CAPABILITIES
+    ],
+]

@@ -1,0 +1,69 @@
+"""Dashboard forms. They only shape input; the services decide what is allowed."""
+
+from django import forms
+
+from controlplane.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Scope, TenantRole, TenantStatus
+
+
+class TenantForm(forms.Form):
+    slug = forms.SlugField(
+        max_length=50, help_text="Lowercase letters, digits and dashes; cannot change later."
+    )
+    name = forms.CharField(max_length=200)
+    residency = forms.MultipleChoiceField(
+        choices=Jurisdiction.choices,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Where this tenant's data may be processed and stored.",
+    )
+    status = forms.ChoiceField(choices=TenantStatus.choices, initial=TenantStatus.ACTIVE)
+    home_region = forms.CharField(max_length=64, required=False)
+    max_gpus = forms.IntegerField(min_value=0, required=False, label="GPU quota")
+    monthly_budget = forms.DecimalField(max_digits=14, decimal_places=2, min_value=0, required=False)
+    budget_currency = forms.RegexField(r"^[A-Z]{3}$", initial="USD")
+
+
+class TenantEditForm(TenantForm):
+    slug = None  # type: ignore[assignment]
+    revision = forms.IntegerField(widget=forms.HiddenInput)
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    role = forms.ChoiceField(choices=TenantRole.choices)
+
+
+class ServiceAccountForm(forms.Form):
+    name = forms.SlugField(max_length=50)
+    role = forms.ChoiceField(choices=TenantRole.choices)
+    description = forms.CharField(max_length=500, required=False)
+
+
+class UserForm(forms.Form):
+    username = forms.RegexField(r"^[\w.@+-]{1,150}$", max_length=150)
+    email = forms.EmailField(required=False)
+    password = forms.CharField(widget=forms.PasswordInput, required=False, help_text="Leave empty for none.")
+    platform_role = forms.ChoiceField(choices=PlatformRole.choices, required=False)
+
+
+class TokenForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    owner = forms.ChoiceField(help_text="Yourself, or a service account you manage.")
+    scopes = forms.MultipleChoiceField(
+        choices=[
+            (scope.value, f"{scope.value} — {scope.label}") for scope in Scope if scope.value in ALL_SCOPES
+        ],
+        widget=forms.CheckboxSelectMultiple,
+    )
+    expires_in_days = forms.IntegerField(min_value=1, max_value=3650, required=False, initial=90)
+
+    def __init__(self, *args: object, owners: list[tuple[str, str]], **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fields["owner"].choices = owners  # type: ignore[attr-defined]
+
+
+class AuditFilterForm(forms.Form):
+    tenant = forms.CharField(required=False)
+    actor = forms.CharField(required=False)
+    action = forms.CharField(required=False)
+    since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))

@@ -1,0 +1,111 @@
+"""Run the whole control plane in the foreground: web (gunicorn), Celery worker and Celery beat.
+
+Ctrl-C (or SIGTERM) stops everything it started; if any process dies, the others are stopped too.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from controlplane.management.commands.seed_demo import DEMO_PASSWORD, USERS
+
+
+class Command(BaseCommand):
+    help = "Run web, worker and scheduler together (the README's run command)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--bind", default=os.environ.get("CONTROLPLANE_BIND", "127.0.0.1:8000"))
+        parser.add_argument("--web-workers", type=int, default=2)
+
+    def _commands(self, bind: str, web_workers: int) -> dict[str, list[str]]:
+        py = sys.executable
+        return {
+            "web": [
+                py,
+                "-m",
+                "gunicorn",
+                "controlplane.wsgi",
+                "--bind",
+                bind,
+                "--workers",
+                str(web_workers),
+                "--access-logfile",
+                "-",
+                "--graceful-timeout",
+                "5",
+            ],
+            "worker": [
+                py,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--hostname",
+                "worker@%h",
+            ],
+            "beat": [py, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO"],
+        }
+
+    def _environment(self) -> dict[str, str]:
+        # All processes write their metrics into one folder so /metrics shows web and task counts together.
+        metrics_dir = settings.VAR_DIR / "prometheus"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True)
+        return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        env = self._environment()
+        procs = {
+            name: subprocess.Popen(cmd, env=env, start_new_session=True)
+            for name, cmd in self._commands(opts["bind"], opts["web_workers"]).items()
+        }
+        self._banner(opts["bind"])
+        stopping = False
+
+        def stop(*_: Any) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        while not stopping and all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        for name, proc in procs.items():
+            if proc.poll() is not None and not stopping:
+                self.stderr.write(f"{name} exited with {proc.returncode}; stopping the others.")
+        self._stop(procs)
+
+    def _stop(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.stdout.write("Stopped web, worker and scheduler.")
+
+    def _banner(self, bind: str) -> None:
+        users = ", ".join(name for name, *_ in USERS)
+        self.stdout.write(
+            "\n"
+            f"  Control plane:  http://{bind}/\n"
+            f"  API docs:       http://{bind}/api/docs/\n"
+            f"  Demo users:     {users}\n"
+            f"  Demo password:  {DEMO_PASSWORD}\n"
+            "  Worker and scheduler are running. Press Ctrl-C to stop everything.\n"
+        )

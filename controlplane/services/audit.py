@@ -1,0 +1,147 @@
+"""The tamper-evident audit chain: one writer function for the whole platform, and its verifier."""
+
+import hashlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models, transaction
+from django.utils import timezone
+
+from controlplane.models import AuditChainHead, AuditEvent, Tenant
+from controlplane.observability import current_request_id
+from controlplane.principal import Principal
+
+GENESIS_HASH = "0" * 64
+HASHED_FIELDS = (
+    "seq",
+    "occurred_at",
+    "actor_type",
+    "actor_id",
+    "actor_name",
+    "token_prefix",
+    "tenant_slug",
+    "action",
+    "target_type",
+    "target_id",
+    "target_repr",
+    "before",
+    "after",
+    "request_id",
+    "source",
+    "message",
+    "prev_hash",
+)
+
+
+def jsonable(value: Any) -> Any:
+    """The value as it will read back from a JSON column (decimals, dates and UUIDs become strings)."""
+    return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
+
+
+def snapshot(instance: models.Model, fields: Iterable[str]) -> dict[str, Any]:
+    return jsonable({name: getattr(instance, name) for name in fields})
+
+
+def event_hash(event: AuditEvent) -> str:
+    values = {name: getattr(event, name) for name in HASHED_FIELDS}
+    values["occurred_at"] = event.occurred_at.astimezone(UTC).isoformat()
+    canonical = json.dumps(values, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _locked_head() -> AuditChainHead:
+    head = AuditChainHead.objects.select_for_update().filter(pk=1).first()
+    if head is None:  # a flushed database (tests) or a fresh one created without migrations' data
+        AuditChainHead.objects.get_or_create(pk=1, defaults={"seq": 0, "hash": GENESIS_HASH})
+        head = AuditChainHead.objects.select_for_update().get(pk=1)
+    return head
+
+
+def audit_record(
+    *,
+    actor: Principal,
+    action: str,
+    target: models.Model | None = None,
+    tenant: Tenant | None = None,
+    before: Any = None,
+    after: Any = None,
+    message: str = "",
+) -> AuditEvent:
+    """Append one event to the chain, inside the caller's transaction.
+
+    The chain head row is locked first, so parallel writers append one after another and never fork
+    the chain; the lock is held only until the caller's transaction commits.
+    """
+    with transaction.atomic():
+        head = _locked_head()
+        event = AuditEvent(
+            seq=head.seq + 1,
+            occurred_at=timezone.now(),
+            actor_type=actor.kind,
+            actor_id=actor.actor_id,
+            actor_name=actor.name[:200],
+            token_prefix=actor.token.prefix if actor.token else "",
+            tenant=tenant,
+            tenant_slug=tenant.slug if tenant else "",
+            action=action,
+            target_type=target._meta.label_lower if target is not None else "",
+            target_id=str(target.pk) if target is not None else "",
+            target_repr=str(target)[:300] if target is not None else "",
+            before=jsonable(before),
+            after=jsonable(after),
+            request_id=current_request_id(),
+            source=actor.source,
+            message=message,
+            prev_hash=head.hash,
+        )
+        event.hash = event_hash(event)
+        event.save()
+        AuditChainHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
+    return event
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    ok: bool
+    checked: int
+    head_seq: int
+    first_broken_seq: int | None = None
+    reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "head_seq": self.head_seq,
+            "first_broken_seq": self.first_broken_seq,
+            "reason": self.reason,
+        }
+
+
+def _broken_link(event: AuditEvent, expected_seq: int, prev_hash: str) -> str:
+    if event.seq != expected_seq:
+        return f"event #{expected_seq} is missing (found #{event.seq} next)"
+    if event.prev_hash != prev_hash:
+        return f"event #{event.seq} does not link to the event before it"
+    if event.hash != event_hash(event):
+        return f"event #{event.seq} was altered after it was written (its hash does not match its content)"
+    return ""
+
+
+def verify_chain() -> ChainReport:
+    """Recompute every link from the first event; report the first one that does not hold."""
+    head = AuditChainHead.objects.filter(pk=1).first() or AuditChainHead(seq=0, hash=GENESIS_HASH)
+    prev_hash, expected_seq, checked = GENESIS_HASH, 1, 0
+    for event in AuditEvent.objects.order_by("seq").iterator(chunk_size=2000):
+        reason = _broken_link(event, expected_seq, prev_hash)
+        if reason:
+            return ChainReport(False, checked, head.seq, min(expected_seq, event.seq), reason)
+        prev_hash, expected_seq, checked = event.hash, expected_seq + 1, checked + 1
+    if head.seq != checked or head.hash != prev_hash:
+        reason = f"the chain ends at #{checked} but its head records #{head.seq}: events were removed"
+        return ChainReport(False, checked, head.seq, checked + 1, reason)
+    return ChainReport(True, checked, head.seq)

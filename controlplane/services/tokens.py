@@ -1,0 +1,158 @@
+"""API tokens: minted once, stored as a hash, checked on every API call, revocable."""
+
+import hashlib
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.choices import ALL_SCOPES, PLATFORM_ROLE_SCOPES, TENANT_ROLE_SCOPES, Scope
+from controlplane.errors import Conflict, Forbidden, ValidationFailed
+from controlplane.models import ApiToken, ServiceAccount
+from controlplane.principal import Principal
+from controlplane.services.audit import audit_record
+
+TOKEN_PREFIX = "cpt_"
+
+
+class TokenRejected(Exception):
+    """The bearer token is unknown, expired or revoked (HTTP 401)."""
+
+
+def token_digest(raw: str) -> str:
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _robot_scopes(robot: ServiceAccount) -> frozenset[str]:
+    table = TENANT_ROLE_SCOPES if robot.tenant_id else PLATFORM_ROLE_SCOPES
+    return table.get(robot.role, frozenset())
+
+
+def _check_owner(actor: Principal, robot: ServiceAccount | None) -> frozenset[str]:
+    """Who may mint for whom; returns the scopes the new token's owner can hold at most."""
+    if robot is None:
+        if actor.user is None:
+            raise Forbidden("Only a person can own a personal token; name a service account instead.")
+        return actor.all_scopes
+    if robot.tenant_id:
+        actor.require(Scope.TOKENS_WRITE, robot.tenant_id)
+    else:
+        actor.require(Scope.USERS_WRITE)
+    if not robot.is_active:
+        raise Conflict(f"Service account {robot} is deactivated.")
+    return _robot_scopes(robot)
+
+
+def _check_scopes(scopes: list[str], ceiling: frozenset[str]) -> list[str]:
+    unknown = sorted(set(scopes) - ALL_SCOPES)
+    if unknown:
+        raise ValidationFailed(f"Unknown scope(s): {', '.join(unknown)}.", detail={"scopes": unknown})
+    if not scopes:
+        raise ValidationFailed("A token needs at least one scope.", detail={"scopes": ["Required."]})
+    beyond = sorted(set(scopes) - ceiling)
+    if beyond:
+        raise Forbidden(
+            f"The token's owner does not hold scope(s) {', '.join(beyond)}, so the token cannot have them.",
+            detail={"scopes": beyond},
+        )
+    return sorted(set(scopes))
+
+
+def token_create(
+    *,
+    actor: Principal,
+    name: str,
+    scopes: list[str],
+    expires_at: datetime | None = None,
+    service_account: ServiceAccount | None = None,
+) -> tuple[ApiToken, str]:
+    """Mint a token; the secret is returned here once and never stored."""
+    granted = _check_scopes(scopes, _check_owner(actor, service_account))
+    if not name or len(name) > 100:
+        raise ValidationFailed("A token needs a name of 1 to 100 characters.", detail={"name": ["Invalid."]})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationFailed("expires_at must be in the future.", detail={"expires_at": ["In the past."]})
+    prefix = secrets.token_hex(4)
+    raw = f"{TOKEN_PREFIX}{prefix}_{secrets.token_urlsafe(32)}"
+    token = ApiToken(
+        name=name,
+        prefix=prefix,
+        digest=token_digest(raw),
+        scopes=granted,
+        expires_at=expires_at,
+        user=actor.user if service_account is None else None,
+        service_account=service_account,
+        created_by_name=actor.name,
+    )
+    with transaction.atomic():
+        token.save()
+        audit_record(
+            actor=actor,
+            action="token.created",
+            target=token,
+            tenant=token.tenant,
+            after={
+                "name": name,
+                "prefix": prefix,
+                "owner": token.owner_name,
+                "scopes": granted,
+                "expires_at": expires_at,
+            },
+        )
+    return token, raw
+
+
+def may_manage_token(actor: Principal, token: ApiToken) -> bool:
+    if token.user_id is not None and actor.user is not None and token.user_id == actor.user.pk:
+        return True
+    if token.service_account is not None and token.service_account.tenant_id:
+        return actor.may(Scope.TOKENS_WRITE, token.service_account.tenant_id)
+    return actor.may(Scope.USERS_WRITE)
+
+
+def token_revoke(*, actor: Principal, token: ApiToken) -> ApiToken:
+    if not may_manage_token(actor, token):
+        raise Forbidden("You may not revoke this token.")
+    with transaction.atomic():
+        now = timezone.now()
+        if not ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now):
+            raise Conflict("This token is already revoked.", code="already_revoked")
+        token.revoked_at = now
+        audit_record(
+            actor=actor,
+            action="token.revoked",
+            target=token,
+            tenant=token.tenant,
+            before={"revoked_at": None},
+            after={"revoked_at": now},
+        )
+    return token
+
+
+def token_authenticate(raw: str) -> ApiToken:
+    """The live token for a bearer secret. One indexed read; last_used_at is written at most once a minute."""
+    if not raw.startswith(TOKEN_PREFIX) or len(raw) > 200:
+        raise TokenRejected("Malformed token.")
+    token = (
+        ApiToken.objects.select_related("user", "service_account__tenant")
+        .filter(digest=token_digest(raw))
+        .first()
+    )
+    now = timezone.now()
+    if token is None:
+        raise TokenRejected("Unknown token.")
+    if token.revoked_at is not None:
+        raise TokenRejected("This token was revoked.")
+    if token.expires_at is not None and token.expires_at <= now:
+        raise TokenRejected("This token has expired.")
+    owner = token.user or token.service_account
+    owner_active = owner is not None and owner.is_active
+    if not owner_active:
+        raise TokenRejected("The token's owner is deactivated.")
+    stale = now - timedelta(seconds=settings.TOKEN_LAST_USED_RESOLUTION_SECONDS)
+    if token.last_used_at is None or token.last_used_at < stale:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        token.last_used_at = now
+    return token

@@ -1,0 +1,22 @@
+"""Celery entry points of the platform core: take ids, call one service, return."""
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.models import IdempotencyRecord
+from controlplane.services.operations import operation_run
+
+
+@shared_task(name="controlplane.tasks.run_operation")
+def run_operation(operation_id: str) -> None:
+    operation_run(operation_id)
+
+
+@shared_task(name="controlplane.tasks.prune_idempotency_records")
+def prune_idempotency_records() -> int:
+    cutoff = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted

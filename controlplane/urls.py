@@ -1,0 +1,44 @@
+from django.contrib.auth import views as auth_views
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from controlplane import health
+from controlplane.api.conventions import envelope
+
+urlpatterns = [
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
+    path("metrics", health.metrics, name="metrics"),
+    path("api/v1/", include("controlplane.api.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("controlplane.dashboard_urls")),
+]
+
+
+def _error(request: HttpRequest, status: int, code: str, message: str) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse(envelope(code, message), status=status)
+    return render(request, "error.html", {"status": status, "message": message}, status=status)
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return _error(request, 404, "not_found", "Nothing lives at this address.")
+
+
+def handler500(request: HttpRequest) -> HttpResponse:
+    return _error(
+        request, 500, "server_error", "The server failed to handle this request; it has been logged."
+    )
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return _error(request, 403, "forbidden", str(exception) if exception else "You may not do this.")
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return _error(request, 400, "bad_request", "The request could not be understood.")

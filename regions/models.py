@@ -1,0 +1,1 @@
+"""Tables of the regions capability (arrive with its issue)."""

@@ -1,0 +1,1 @@
+"""Tables of the registry capability (arrive with its issue)."""

@@ -1,0 +1,172 @@
+"""The shared fixture world: two tenants with different residency, their people, and platform staff.
+
+Every isolation test asks the same question: can someone of tenant A see or change tenant B's things?
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+from rest_framework.test import APIClient
+
+from controlplane.choices import ALL_SCOPES, AuditSource, PlatformRole, TenantRole
+from controlplane.models import ServiceAccount, Tenant, User
+from controlplane.principal import Principal
+from controlplane.services.tokens import token_create
+from tests.factories import MembershipFactory, ServiceAccountFactory, TenantFactory, UserFactory
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from django.conf import settings
+
+    # Password hashing is deliberately slow; the suite creates many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    """Rate-limit counters live in the cache (Redis in CI); each test starts with none."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
+@dataclass
+class World:
+    tenant_a: Tenant
+    tenant_b: Tenant
+    alice: User  # admin of A
+    dave: User  # developer of A
+    vera: User  # viewer of A
+    bob: User  # admin of B
+    admin: User  # platform admin
+    operator: User
+    auditor: User
+    robot_a: ServiceAccount
+    robot_b: ServiceAccount
+
+
+@pytest.fixture
+def world(db: None) -> World:
+    tenant_a = TenantFactory(slug="acme", residency=["EU", "CH"])
+    tenant_b = TenantFactory(slug="globex", residency=["US"])
+    alice = MembershipFactory(tenant=tenant_a, role=TenantRole.ADMIN, user__username="alice").user
+    dave = MembershipFactory(tenant=tenant_a, role=TenantRole.DEVELOPER, user__username="dave").user
+    vera = MembershipFactory(tenant=tenant_a, role=TenantRole.VIEWER, user__username="vera").user
+    bob = MembershipFactory(tenant=tenant_b, role=TenantRole.ADMIN, user__username="bob").user
+    return World(
+        tenant_a=tenant_a,
+        tenant_b=tenant_b,
+        alice=alice,
+        dave=dave,
+        vera=vera,
+        bob=bob,
+        admin=UserFactory(username="root", platform_role=PlatformRole.ADMIN),
+        operator=UserFactory(username="ops", platform_role=PlatformRole.OPERATOR),
+        auditor=UserFactory(username="audrey", platform_role=PlatformRole.AUDITOR),
+        robot_a=ServiceAccountFactory(tenant=tenant_a, name="ci", role=TenantRole.DEVELOPER),
+        robot_b=ServiceAccountFactory(tenant=tenant_b, name="ci", role=TenantRole.DEVELOPER),
+    )
+
+
+def principal(user: User) -> Principal:
+    return Principal.for_user(user, source=AuditSource.API)
+
+
+def system() -> Principal:
+    return Principal.system("tests", source=AuditSource.COMMAND)
+
+
+def mint(user: User, scopes: list[str] | None = None, **kwargs: object) -> str:
+    """A bearer secret for a user, with all the scopes the user holds unless told otherwise."""
+    p = principal(user)
+    _, secret = token_create(
+        actor=p, name="test", scopes=scopes or sorted(p.all_scopes & ALL_SCOPES), **kwargs
+    )
+    return secret
+
+
+@pytest.fixture
+def api() -> Callable[..., APIClient]:
+    """api(user) → a client authenticated with a fresh token of that user; api() → anonymous."""
+
+    def make(
+        user: User | None = None, scopes: list[str] | None = None, secret: str | None = None
+    ) -> APIClient:
+        client = APIClient()
+        if user is not None or secret is not None:
+            client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret or mint(user, scopes)}")  # type: ignore[arg-type]
+        return client
+
+    return make
+
+
+def database_url() -> str:
+    """The URL of the database the tests run on, for processes the tests start (workers, servers)."""
+    from django.db import connection
+
+    cfg = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{cfg['NAME']}"
+    auth = cfg["USER"] + (f":{cfg['PASSWORD']}" if cfg["PASSWORD"] else "")
+    return f"postgres://{auth}@{cfg['HOST'] or '127.0.0.1'}:{cfg['PORT'] or 5432}/{cfg['NAME']}"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "DATABASE_URL": database_url(), "LOG_FORMAT": "text", **extra}
+
+
+@pytest.fixture
+def celery_worker(transactional_db: None, tmp_path):  # type: ignore[no-untyped-def]
+    """A real Celery worker process on the configured broker, consuming a queue private to this test."""
+    import subprocess
+    import sys
+    import uuid
+
+    from controlplane.celery import app
+
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    previous = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    log = (tmp_path / "worker.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "controlplane",
+            "worker",
+            "-Q",
+            queue,
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        env=child_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=20)
+    app.conf.task_default_queue = previous
+    log.close()
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")

@@ -1,0 +1,124 @@
+"""Management commands for automation, and the demo world."""
+
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from django.core.management import CommandError, call_command
+
+from controlplane.models import AuditEvent, Membership, Tenant, User
+from tests.conftest import child_env, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_create_tenant_and_user(db, monkeypatch):
+    call_command("create_tenant", "helvetia", "--name", "Helvetia", "--residency", "CH,EU", "--max-gpus", "4")
+    tenant = Tenant.objects.get(slug="helvetia")
+    assert tenant.residency == ["CH", "EU"] and tenant.max_gpus == 4
+    monkeypatch.setenv("CONTROLPLANE_PASSWORD", "a-long-enough-password-42")
+    call_command("create_user", "heidi", "--member", "helvetia:admin")
+    heidi = User.objects.get(username="heidi")
+    assert heidi.check_password("a-long-enough-password-42")
+    assert Membership.objects.get(user=heidi).role == "admin"
+    event = AuditEvent.objects.get(action="tenant.created")
+    assert event.source == "command" and event.actor_type == "system"
+
+
+def test_commands_report_bad_input_without_writing(db):
+    with pytest.raises(CommandError, match="XX"):
+        call_command("create_tenant", "bad", "--name", "Bad", "--residency", "EU,XX")
+    with pytest.raises(CommandError, match="nowhere"):
+        call_command("create_user", "ghost", "--member", "nowhere:admin")
+    assert not Tenant.objects.filter(slug="bad").exists()
+    assert not User.objects.filter(username="ghost").exists()
+
+
+def test_seed_demo_is_idempotent(db):
+    call_command("seed_demo")
+    counts = (
+        Tenant.objects.count(),
+        User.objects.count(),
+        Membership.objects.count(),
+        AuditEvent.objects.count(),
+    )
+    call_command("seed_demo")
+    assert (
+        Tenant.objects.count(),
+        User.objects.count(),
+        Membership.objects.count(),
+        AuditEvent.objects.count(),
+    ) == counts
+    eu, us = Tenant.objects.get(slug="acme-eu"), Tenant.objects.get(slug="globex-us")
+    assert eu.residency == ["EU", "CH"] and us.residency == ["US"]
+    assert Membership.objects.get(user__username="eu-admin").tenant == eu
+    assert User.objects.get(username="operator").platform_role == "operator"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactional_db, tmp_path):
+    # Seeded by a child process so passwords use the production hasher, not the suite's fast one.
+    subprocess.run(
+        [sys.executable, "manage.py", "seed_demo"], cwd=ROOT, env=child_env(), check=True, timeout=120
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", "--web-workers", "1"],
+        cwd=ROOT,
+        env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return requests.get(f"{base}/readyz", timeout=2).status_code == 200
+            except requests.ConnectionError:
+                return False
+
+        wait_for(up, timeout=60)
+        session = requests.Session()
+        login = session.get(f"{base}/login/", timeout=5)
+        assert login.status_code == 200
+        response = session.post(
+            f"{base}/login/",
+            data={
+                "username": "eu-admin",
+                "password": "inference-demo-2026",
+                "csrfmiddlewaretoken": session.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{base}/login/"},
+            timeout=10,
+        )
+        assert response.status_code == 200 and "acme-eu" in session.get(f"{base}/tenants/", timeout=5).text
+        children = subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+        ).stdout.split()
+        assert len(children) == 3  # web, worker, beat
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, output
+    assert "Demo password" in output and "Stopped web, worker and scheduler." in output
+    for child in children:
+        assert not Path(f"/proc/{child}").exists() or _is_zombie(child), f"process {child} still running"
+
+
+def _is_zombie(pid: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True

@@ -1,0 +1,75 @@
+"""Settings: secure defaults, production requirements and Django's deployment checklist."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_debug_is_off_by_default():
+    assert settings.DEBUG is False
+
+
+def test_deploy_check_passes_under_production_settings(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 30 + "-production-secret-key-with-enough-entropy-0123456789")
+    result = run_manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        ALLOWED_HOSTS="cp.example.com",
+        CSRF_TRUSTED_ORIGINS="https://cp.example.com",
+        SECRET_KEY_FILE=str(secret),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_production_without_secret_key_refuses_to_start():
+    result = run_manage("check", ALLOWED_HOSTS="cp.example.com")
+    assert result.returncode != 0
+    assert "SECRET_KEY" in result.stderr and "cp.example.com" in result.stderr
+
+
+def test_unreadable_secret_file_is_a_clear_error():
+    result = run_manage("check", SECRET_KEY_FILE="/nonexistent/secret")
+    assert result.returncode != 0 and "SECRET_KEY_FILE" in result.stderr
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("0", False), ("", False)])
+def test_env_bool(monkeypatch, raw, expected):
+    from controlplane.env import env_bool
+
+    monkeypatch.setenv("FLAG", raw)
+    assert env_bool("FLAG") is expected
+
+
+def test_env_bool_rejects_nonsense(monkeypatch):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from controlplane.env import env_bool
+
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG"):
+        env_bool("FLAG")
