@@ -7,24 +7,13 @@ from rest_framework import serializers
 from controlplane.api.conventions import StrictSerializer
 from controlplane.choices import ALL_SCOPES, Jurisdiction, PlatformRole, TenantRole, TenantStatus
 from controlplane.models import ApiToken, AuditEvent, Membership, Operation, ServiceAccount, Tenant, User
+from controlplane.services.tenants import TENANT_FIELDS
 
 
 class TenantSerializer(serializers.ModelSerializer):
     class Meta:
         model = Tenant
-        fields = [
-            "slug",
-            "name",
-            "status",
-            "home_region",
-            "residency",
-            "max_gpus",
-            "monthly_budget",
-            "budget_currency",
-            "revision",
-            "created_at",
-            "updated_at",
-        ]
+        fields = [*TENANT_FIELDS, "revision", "created_at", "updated_at"]
         read_only_fields = fields
 
 
@@ -57,6 +46,10 @@ class UserCreateSerializer(StrictSerializer):
     email = serializers.EmailField(required=False, allow_blank=True)
     password = serializers.CharField(required=False, write_only=True, max_length=128)
     platform_role = serializers.ChoiceField(PlatformRole.choices, required=False, allow_blank=True)
+
+
+class UserRoleSerializer(StrictSerializer):
+    platform_role = serializers.ChoiceField(PlatformRole.choices, allow_blank=True)
 
 
 class MembershipSerializer(serializers.ModelSerializer):

@@ -141,6 +141,14 @@ class UserViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet
         user = users.user_create(actor=self.principal, **data.validated_data)
         return Response(s.UserSerializer(user).data, status=201)
 
+    @extend_schema(request=s.UserRoleSerializer, responses={200: s.UserSerializer, **ERRORS})
+    def partial_update(self, request: Request, username: str) -> Response:
+        user = selectors.user_get(self.principal, username)
+        data = s.UserRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = users.user_set_platform_role(actor=self.principal, user=user, **data.validated_data)
+        return Response(s.UserSerializer(user).data)
+
 
 class MeView(PrincipalMixin):
     @extend_schema(responses={200: dict})

@@ -6,7 +6,7 @@ but may not change answer 403. Lists and creates are tested too, since DRF skips
 
 import pytest
 
-from controlplane.models import ApiToken, Membership, ServiceAccount, Tenant
+from controlplane.models import ApiToken, AuditEvent, Membership, ServiceAccount, Tenant
 from controlplane.services.audit import audit_record
 from controlplane.services.tokens import token_create
 from tests.conftest import mint, principal, system
@@ -225,3 +225,24 @@ def test_pages_need_login(client, world):
 def test_developer_without_audit_scope_gets_403_page(client, world):
     client.force_login(world.dave)
     assert client.get("/audit/").status_code == 403
+
+
+def test_platform_role_changes_need_users_write(world, api):
+    assert (
+        api(world.alice).patch("/api/v1/users/dave/", {"platform_role": "admin"}, format="json").status_code
+        == 403
+    )
+    assert (
+        api(world.alice).patch("/api/v1/users/bob/", {"platform_role": "admin"}, format="json").status_code
+        == 404
+    )
+    response = api(world.admin).patch("/api/v1/users/dave/", {"platform_role": "auditor"}, format="json")
+    assert response.status_code == 200 and response.json()["platform_role"] == "auditor"
+    event = AuditEvent.objects.get(action="user.platform_role_set")
+    assert event.before == {"platform_role": ""} and event.after == {"platform_role": "auditor"}
+
+
+def test_overview_counts_only_what_the_user_may_see(as_alice, world):
+    page = as_alice.get("/").content.decode()
+    tenants_card = page.split("Tenants</span>")[0].rsplit('class="num">', 1)[1]
+    assert tenants_card.startswith("1<")
