@@ -5,7 +5,6 @@ from controlplane import views
 app_name = "dashboard"
 
 CAPABILITIES = [
-    ("registry", "Model registry", "#3"),
     ("regions", "Regions", "#4"),
     ("deployments", "Deployments", "#4"),
     ("routing", "Routing", "#6"),

@@ -212,6 +212,8 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "controlplane.choices.TenantStatus",
         "OperationStatusEnum": "controlplane.choices.OperationStatus",
+        "JurisdictionEnum": "controlplane.choices.Jurisdiction",
+        "VersionStatusEnum": "registry.choices.VersionStatus",
     },
 }
 

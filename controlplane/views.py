@@ -61,7 +61,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     scopes = p.all_scopes
     items = [
         ("Overview", "dashboard:overview", True),
-        ("Registry", "dashboard:registry", Scope.REGISTRY_READ in scopes),
+        ("Registry", "registry:catalog", Scope.REGISTRY_READ in scopes),
         ("Regions", "dashboard:regions", Scope.DEPLOYMENTS_READ in scopes),
         ("Deployments", "dashboard:deployments", Scope.DEPLOYMENTS_READ in scopes),
         ("Routing", "dashboard:routing", Scope.DEPLOYMENTS_READ in scopes),

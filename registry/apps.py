@@ -3,4 +3,5 @@ from django.apps import AppConfig
 
 class RegistryConfig(AppConfig):
     name = "registry"
+    verbose_name = "Model registry"
     default_auto_field = "django.db.models.BigAutoField"

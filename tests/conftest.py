@@ -170,3 +170,18 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type: 
             return result
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+@pytest.fixture
+def chat_model(world: World):  # type: ignore[no-untyped-def]
+    """Tenant A's private 8B chat model with the standard validation policy (tests/registry)."""
+    from registry.services.models import model_register
+    from tests.registry.conftest import POLICY
+
+    return model_register(
+        actor=principal(world.alice),
+        owner=world.tenant_a,
+        name="llama-3-8b",
+        task="chat",
+        validation_policy=POLICY,
+    )

@@ -3,14 +3,13 @@
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
-from django.utils import timezone
 
 from controlplane.choices import PlatformRole, Scope, TenantRole
-from controlplane.errors import Conflict, PreconditionFailed, ValidationFailed
+from controlplane.errors import Conflict, ValidationFailed
 from controlplane.models import Membership, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record, snapshot
+from controlplane.services.revisions import reject_unknown, revised_update
 from controlplane.services.validation import full_clean, jurisdiction_codes
 
 TENANT_FIELDS = (
@@ -28,9 +27,7 @@ EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
 
 def tenant_create(*, actor: Principal, slug: str, name: str, residency: list[str], **fields: Any) -> Tenant:
     actor.require(Scope.TENANTS_WRITE)
-    unknown = set(fields) - EDITABLE_TENANT_FIELDS
-    if unknown:
-        raise ValidationFailed(f"Unknown tenant field(s): {', '.join(sorted(unknown))}.")
+    reject_unknown(fields, EDITABLE_TENANT_FIELDS, "Unknown tenant field(s)")
     tenant = Tenant(slug=slug, name=name, residency=jurisdiction_codes(residency), **fields)
     full_clean(tenant)
     with transaction.atomic():
@@ -52,36 +49,19 @@ def tenant_update(
 ) -> Tenant:
     """Change a tenant; ``expected_revision`` (from If-Match) makes it a compare-and-set."""
     actor.require(Scope.TENANTS_WRITE)
-    unknown = set(changes) - EDITABLE_TENANT_FIELDS
-    if unknown:
-        raise ValidationFailed(f"Field(s) that cannot be changed: {', '.join(sorted(unknown))}.")
+    reject_unknown(changes, EDITABLE_TENANT_FIELDS, "Field(s) that cannot be changed")
     if "residency" in changes:
         changes["residency"] = jurisdiction_codes(changes["residency"])
-    with transaction.atomic():
-        current = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        if expected_revision is not None and current.revision != expected_revision:
-            raise PreconditionFailed(
-                f"The tenant changed since you read it (revision {current.revision}, "
-                f"you sent {expected_revision}).",
-                detail={"current_revision": current.revision},
-            )
-        before = snapshot(current, TENANT_FIELDS)
-        for name, value in changes.items():
-            setattr(current, name, value)
-        full_clean(current)
-        Tenant.objects.filter(pk=current.pk).update(
-            **changes, revision=F("revision") + 1, updated_at=timezone.now()
-        )
-        current.refresh_from_db()
-        audit_record(
-            actor=actor,
-            action="tenant.updated",
-            target=current,
-            tenant=current,
-            before=before,
-            after=snapshot(current, TENANT_FIELDS),
-        )
-    return current
+    return revised_update(
+        actor=actor,
+        instance=tenant,
+        changes=changes,
+        expected_revision=expected_revision,
+        fields=TENANT_FIELDS,
+        check=full_clean,
+        action="tenant.updated",
+        tenant_of=lambda t: t,
+    )
 
 
 def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:

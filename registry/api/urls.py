@@ -1,0 +1,24 @@
+from django.urls import path
+
+from registry.api import views
+
+app_name = "registry-api"
+
+MODEL = "models/<slug:owner>/<slug:name>/"
+VERSION = MODEL + "versions/<str:version>/"
+
+urlpatterns = [
+    path("engine-arguments/", views.EngineArgumentsView.as_view(), name="engine-arguments"),
+    path("models/", views.ModelListView.as_view(), name="models"),
+    path(MODEL, views.ModelDetailView.as_view(), name="model"),
+    path(MODEL + "versions/", views.VersionListView.as_view(), name="versions"),
+    path(MODEL + "diff/", views.DiffView.as_view(), name="diff"),
+    path(MODEL + "rollback/", views.RollbackView.as_view(), name="rollback"),
+    path(MODEL + "aliases/", views.AliasListView.as_view(), name="aliases"),
+    path(MODEL + "aliases/<slug:alias>/", views.AliasDetailView.as_view(), name="alias"),
+    path(MODEL + "aliases/<slug:alias>/history/", views.AliasHistoryView.as_view(), name="alias-history"),
+    path(VERSION, views.VersionDetailView.as_view(), name="version"),
+    path(VERSION + "transitions/", views.TransitionView.as_view(), name="transitions"),
+    path(VERSION + "reports/", views.ReportView.as_view(), name="reports"),
+    path(VERSION + "lineage/", views.LineageView.as_view(), name="lineage"),
+]

@@ -1,0 +1,69 @@
+"""Statuses, kinds and the lifecycle graph of the model registry."""
+
+from django.db import models
+
+
+class ModelTask(models.TextChoices):
+    CHAT = "chat", "Chat / completion"
+    EMBEDDING = "embedding", "Embedding"
+    RERANKING = "reranking", "Reranking"
+
+
+class Visibility(models.TextChoices):
+    CATALOG = "catalog", "Platform catalog (usable by every tenant)"
+    PRIVATE = "private", "Private to its owner"
+
+
+class ArtifactFormat(models.TextChoices):
+    SAFETENSORS = "safetensors", "safetensors"
+    GGUF = "gguf", "GGUF"
+    PYTORCH = "pytorch", "PyTorch bin"
+
+
+class DataClassification(models.TextChoices):
+    PUBLIC = "public", "Public"
+    INTERNAL = "internal", "Internal"
+    CONFIDENTIAL = "confidential", "Confidential"
+    RESTRICTED = "restricted", "Restricted"
+
+
+class VersionStatus(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    VALIDATING = "validating", "Validating"
+    VALIDATED = "validated", "Validated"
+    REJECTED = "rejected", "Rejected"
+    STAGED = "staged", "Staged"
+    CANARY = "canary", "Canary"
+    PRODUCTION = "production", "Production"
+    DEPRECATED = "deprecated", "Deprecated"
+    RETIRED = "retired", "Retired"
+
+
+S = VersionStatus
+# The lifecycle graph (drawn in ModelVersion's docstring). Rollback is its own action: it moves the
+# current production version back to staged and a deprecated one forward to production.
+VERSION_TRANSITIONS: dict[str, frozenset[str]] = {
+    S.DRAFT: frozenset({S.VALIDATING}),
+    S.VALIDATING: frozenset({S.VALIDATED, S.REJECTED}),
+    S.VALIDATED: frozenset({S.STAGED, S.DEPRECATED}),
+    S.STAGED: frozenset({S.CANARY, S.DEPRECATED}),
+    S.CANARY: frozenset({S.PRODUCTION, S.STAGED, S.DEPRECATED}),
+    S.PRODUCTION: frozenset({S.DEPRECATED}),
+    S.DEPRECATED: frozenset({S.RETIRED}),
+    S.RETIRED: frozenset(),
+    S.REJECTED: frozenset(),
+}
+FINAL_STATES = frozenset({S.RETIRED, S.REJECTED})
+# States whose versions may serve traffic (tenants deploy production and canary; operators also staged).
+SERVABLE_STATES = frozenset({S.STAGED, S.CANARY, S.PRODUCTION})
+
+# Built-in aliases follow the lifecycle: entering the state moves the alias to the version.
+STATE_ALIASES: dict[str, str] = {S.STAGED: "staging", S.CANARY: "canary", S.PRODUCTION: "production"}
+BUILTIN_ALIASES = frozenset(STATE_ALIASES.values())
+# Custom aliases may point at versions in these states.
+ALIASABLE_STATES = frozenset({S.VALIDATED, S.STAGED, S.CANARY, S.PRODUCTION, S.DEPRECATED})
+
+
+class ReportOutcome(models.TextChoices):
+    PASSED = "passed", "Passed"
+    FAILED = "failed", "Failed"

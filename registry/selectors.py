@@ -1,0 +1,79 @@
+"""Reads of the registry, narrowed to what the principal may see.
+
+Catalog models (platform-owned, visibility ``catalog``) are visible to anyone holding ``registry:read``
+somewhere; private models only to their owner's members and to platform readers.
+"""
+
+from datetime import datetime
+
+from django.db.models import Q, QuerySet
+
+from controlplane.choices import Scope
+from controlplane.errors import NotFound
+from controlplane.principal import Principal
+from registry.choices import ReportOutcome, VersionStatus, Visibility
+from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, ValidationReport
+
+
+def models_for(principal: Principal) -> QuerySet[RegisteredModel]:
+    queryset = RegisteredModel.objects.select_related("owner")
+    if principal.sees_all(Scope.REGISTRY_READ):
+        return queryset
+    visible = Q(owner_id__in=principal.tenant_ids_with(Scope.REGISTRY_READ))
+    if Scope.REGISTRY_READ in principal.all_scopes:
+        visible |= Q(owner__isnull=True, visibility=Visibility.CATALOG)
+    return queryset.filter(visible)
+
+
+def model_get(principal: Principal, owner: str, name: str) -> RegisteredModel:
+    owner_filter = Q(owner__isnull=True) if owner == "platform" else Q(owner__slug=owner)
+    model = models_for(principal).filter(owner_filter, name=name).first()
+    if model is None:
+        raise NotFound(f"No model '{owner}/{name}'.")
+    return model
+
+
+def versions_of(model: RegisteredModel) -> QuerySet[ModelVersion]:
+    return model.versions.select_related("model__owner").order_by("-created_at", "-pk")
+
+
+def version_get(model: RegisteredModel, version: str) -> ModelVersion:
+    found = versions_of(model).filter(version=version).first()
+    if found is None:
+        raise NotFound(f"Model {model.ref} has no version '{version}'.")
+    return found
+
+
+def production_version(model: RegisteredModel) -> ModelVersion | None:
+    return model.versions.filter(status=VersionStatus.PRODUCTION).first()
+
+
+def latest_report(version: ModelVersion) -> ValidationReport | None:
+    return version.reports.order_by("-created_at", "-pk").first()
+
+
+def production_baseline(model: RegisteredModel) -> tuple[ModelVersion | None, dict[str, float] | None]:
+    """The current production version and the metrics of its latest passing report."""
+    current = production_version(model)
+    if current is None:
+        return None, None
+    report = current.reports.filter(outcome=ReportOutcome.PASSED).order_by("-created_at", "-pk").first()
+    return current, ({**report.metrics, **report.performance} if report else None)
+
+
+def alias_get(model: RegisteredModel, name: str) -> ModelAlias:
+    alias = model.aliases.select_related("version").filter(name=name).first()
+    if alias is None:
+        raise NotFound(f"Model {model.ref} has no alias '{name}'.")
+    return alias
+
+
+def alias_version_at(alias: ModelAlias, at: datetime) -> ModelVersion | None:
+    """Where the alias pointed at time ``at`` (None: nowhere yet, or cleared)."""
+    move = (
+        AliasMove.objects.filter(alias=alias, at__lte=at)
+        .select_related("version")
+        .order_by("-at", "-pk")
+        .first()
+    )
+    return move.version if move else None

@@ -1,0 +1,20 @@
+"""Who uses a model version. Capabilities that consume versions (deployments) register a checker here,
+so the registry can refuse to retire a version that still serves, without depending on those apps."""
+
+from collections.abc import Callable
+
+from registry.models import ModelVersion
+
+# Each checker returns human-readable descriptions of what uses the version (empty: unused).
+USAGE_CHECKERS: list[Callable[[ModelVersion], list[str]]] = []
+
+
+def register_usage_checker(
+    checker: Callable[[ModelVersion], list[str]],
+) -> Callable[[ModelVersion], list[str]]:
+    USAGE_CHECKERS.append(checker)
+    return checker
+
+
+def version_users(version: ModelVersion) -> list[str]:
+    return [user for checker in USAGE_CHECKERS for user in checker(version)]
