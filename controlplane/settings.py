@@ -170,6 +170,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "reconcile-regions": {
+        "task": "regions.tasks.reconcile_all",
+        "schedule": env_int("RECONCILE_INTERVAL_SECONDS", 15),
+    },
 }
 
 REST_FRAMEWORK = {

@@ -1,1 +1,158 @@
-"""Tables of the regions capability (arrive with its issue)."""
+"""Regions with their GPU pools, and deployments: desired state per region, observed by the reconciler."""
+
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone
+
+from controlplane.choices import Jurisdiction
+from controlplane.models import Tenant
+from regions.choices import DeploymentState, DriverKind, PlacementMode, Provider, RegionStatus, TargetStatus
+from registry.models import ModelVersion, RegisteredModel
+
+REGION_CODE = RegexValidator(
+    r"^[a-z][a-z0-9-]{1,40}$", "Lowercase letters, digits and dashes, e.g. eu-west-1."
+)
+
+
+class Region(models.Model):
+    """A place GPUs run: a Kubernetes cluster or a pool of hosts, in one jurisdiction.
+
+    ``driver_config`` is the driver's own typed settings (regions.drivers), e.g. the kubeconfig reference
+    and namespace for Kubernetes; secrets are referenced (env var or file), never stored. A draining
+    region takes no new placements; a disabled one serves nothing.
+    """
+
+    code = models.CharField(max_length=41, unique=True, validators=[REGION_CODE])
+    name = models.CharField(max_length=200)
+    provider = models.CharField(max_length=16, choices=Provider.choices)
+    city = models.CharField(max_length=100, blank=True)
+    latitude = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(-90), MaxValueValidator(90)]
+    )
+    longitude = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(-180), MaxValueValidator(180)]
+    )
+    jurisdiction = models.CharField(max_length=2, choices=Jurisdiction.choices)
+    certifications = models.JSONField(default=list, blank=True)
+    status = models.CharField(max_length=16, choices=RegionStatus.choices, default=RegionStatus.ACTIVE)
+    driver = models.CharField(max_length=16, choices=DriverKind.choices)
+    driver_config = models.JSONField(default=dict, blank=True)
+    object_store = models.JSONField(default=dict, blank=True)
+    prometheus_url = models.URLField(blank=True)
+    reconcile_concurrency = models.PositiveSmallIntegerField(
+        default=4, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["code"]
+
+    def __str__(self) -> str:
+        return self.code
+
+
+class GpuPool(models.Model):
+    """GPUs of one type in a region, with the node labels and taints that select them."""
+
+    region = models.ForeignKey(Region, on_delete=models.CASCADE, related_name="gpu_pools")
+    gpu_type = models.CharField(max_length=32)
+    memory_gib = models.PositiveIntegerField()
+    gpu_count = models.PositiveIntegerField()
+    node_labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["region", "gpu_type"], name="pool_unique_gpu_type")]
+        ordering = ["region__code", "gpu_type"]
+
+    def __str__(self) -> str:
+        return f"{self.region.code}/{self.gpu_type}×{self.gpu_count}"
+
+
+class Deployment(models.Model):
+    """A tenant's wish: this model version (or whatever an alias points at) served in these regions.
+
+    ``generation`` grows with every change of the wish; each region's target records the generation it
+    last converged to (``observed_generation``), like Kubernetes' status.
+    """
+
+    owner = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="deployments")
+    name = models.SlugField(max_length=40)
+    model = models.ForeignKey(RegisteredModel, on_delete=models.PROTECT, related_name="deployments")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="deployments")
+    follow_alias = models.SlugField(max_length=64, blank=True)
+    placement_mode = models.CharField(
+        max_length=16, choices=PlacementMode.choices, default=PlacementMode.EXPLICIT
+    )
+    min_regions = models.PositiveSmallIntegerField(default=1)
+    replicas = models.PositiveSmallIntegerField(default=1, validators=[MaxValueValidator(64)])
+    min_replicas = models.PositiveSmallIntegerField(default=0)
+    max_replicas = models.PositiveSmallIntegerField(default=8, validators=[MaxValueValidator(64)])
+    gpu_type = models.CharField(max_length=32)
+    gpu_count = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    engine_overrides = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=DeploymentState.choices, default=DeploymentState.ACTIVE)
+    generation = models.PositiveIntegerField(default=1)
+    created_by_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "name"],
+                condition=~models.Q(state=DeploymentState.DELETED),
+                name="deployment_unique_live_name",
+            )
+        ]
+        ordering = ["owner__slug", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.owner.slug}/{self.name}"
+
+
+class DeploymentTarget(models.Model):
+    """One deployment in one region: desired replicas, what the driver last reported, and retry state.
+
+    pending → provisioning → ready ⇄ degraded;  any → failed (permanent driver error) → provisioning on
+    the next change;  ready/… → paused (zero replicas);  any → deleting → deleted.
+    """
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="targets")
+    region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="targets")
+    desired_replicas = models.PositiveSmallIntegerField(default=1)
+    status = models.CharField(max_length=16, choices=TargetStatus.choices, default=TargetStatus.PENDING)
+    ready_replicas = models.PositiveSmallIntegerField(default=0)
+    endpoints = models.JSONField(default=list, blank=True)
+    last_error = models.TextField(blank=True)
+    last_transition_at = models.DateTimeField(default=timezone.now)
+    observed_generation = models.PositiveIntegerField(default=0)
+    applied_hash = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["deployment", "region"], name="target_unique_region")]
+        ordering = ["region__code"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment}@{self.region.code}"
+
+
+class DeploymentEvent(models.Model):
+    """The timeline of a deployment: status changes, drift corrections, errors, scaling."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="events")
+    region = models.ForeignKey(Region, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=32)
+    message = models.TextField()
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    class Meta:
+        ordering = ["-at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.deployment} {self.kind}: {self.message[:60]}"

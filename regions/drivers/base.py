@@ -1,0 +1,61 @@
+"""The interface every region driver implements, and the shapes it speaks in."""
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+
+class DriverError(Exception):
+    """A driver call failed. ``permanent`` errors (bad arguments, a missing image) are not retried."""
+
+    def __init__(self, message: str, *, permanent: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What one deployment should run in one region. ``replicas`` is compared on its own, so scaling never
+    changes the hash and a hash mismatch always means the workload itself differs."""
+
+    name: str
+    labels: dict[str, str]
+    replicas: int
+    served_model_name: str
+    model_uri: str
+    runtime_image: str
+    engine_args: dict[str, Any]
+    gpu_type: str
+    gpu_count: int
+    node_labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def spec_hash(self) -> str:
+        body = {k: v for k, v in asdict(self).items() if k != "replicas"}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ObservedWorkload:
+    """What the driver sees in the region right now."""
+
+    spec_hash: str
+    replicas: int
+    ready_replicas: int
+    endpoints: list[str] = field(default_factory=list)
+    needs_repair: bool = False
+    problem: str = ""
+    problem_is_permanent: bool = False
+
+
+class WorkloadDriver(Protocol):
+    def apply(self, spec: WorkloadSpec) -> None: ...
+
+    def observe(self, name: str) -> ObservedWorkload | None: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def render(self, spec: WorkloadSpec) -> str: ...

@@ -1,0 +1,355 @@
+"""The Kubernetes driver: renders a vLLM workload the way the best public deployments do and applies it
+with server-side apply under one field manager (shared/REFERENCE.md §3, §4).
+
+One API client per region, built from a kubeconfig held by reference (an environment variable naming a
+file, or a file path; never the kubeconfig itself in the database), with explicit timeouts.
+"""
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+import yaml
+from kubernetes import client, config
+
+from controlplane.errors import ValidationFailed
+from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
+from registry.engine_args import render_flags
+
+FIELD_MANAGER = "controlplane"
+APPLY = "application/apply-patch+yaml"
+MODELS_MOUNT = "/models"
+STARTUP_GRACE_SECONDS = 600  # weights of a large model can take ~10 minutes to load
+PERMANENT_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    namespace: str
+    kubeconfig_env: str = ""
+    kubeconfig_file: str = ""
+    context: str = ""
+    storage_class: str = ""
+    object_store_secret: str = ""
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> "KubernetesConfig":
+        known = set(cls.__dataclass_fields__)
+        unknown = set(raw) - known
+        if unknown:
+            raise ValidationFailed(f"Unknown Kubernetes driver setting(s): {', '.join(sorted(unknown))}.")
+        if "namespace" not in raw:
+            raise ValidationFailed("The Kubernetes driver needs a namespace.")
+        parsed = cls(**raw)
+        if bool(parsed.kubeconfig_env) == bool(parsed.kubeconfig_file):
+            raise ValidationFailed(
+                "Give exactly one of kubeconfig_env (a variable naming the file) or kubeconfig_file."
+            )
+        return parsed
+
+    def kubeconfig_path(self) -> str:
+        path = os.environ.get(self.kubeconfig_env, "") if self.kubeconfig_env else self.kubeconfig_file
+        if not path or not os.path.exists(path):
+            raise DriverError(
+                f"kubeconfig not found ({self.kubeconfig_env or self.kubeconfig_file})", permanent=True
+            )
+        return path
+
+
+def build_api_client(cfg: KubernetesConfig) -> client.ApiClient:
+    configuration = client.Configuration()
+    config.load_kube_config(
+        config_file=cfg.kubeconfig_path(), context=cfg.context or None, client_configuration=configuration
+    )
+    configuration.retries = 0  # the reconciler owns retries and backoff
+    return client.ApiClient(configuration)
+
+
+def _labels(spec: WorkloadSpec) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": spec.name,
+        "app.kubernetes.io/component": "serving-engine",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        **spec.labels,
+    }
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _engine_container(spec: WorkloadSpec) -> dict[str, Any]:
+    model_dir = f"{MODELS_MOUNT}/{spec.name}"
+    return {
+        "name": "vllm",
+        "image": spec.runtime_image,
+        "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "args": [
+            "--model",
+            model_dir,
+            "--served-model-name",
+            spec.served_model_name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            *render_flags(spec.engine_args),
+        ],
+        "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+        "env": [
+            {"name": "HF_HUB_OFFLINE", "value": "1"},
+            {"name": "HF_HOME", "value": f"{MODELS_MOUNT}/.hf"},
+            {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        ],
+        "resources": {
+            "requests": {
+                "cpu": str(4 * spec.gpu_count),
+                "memory": f"{16 * spec.gpu_count}Gi",
+                "nvidia.com/gpu": str(spec.gpu_count),
+            },
+            "limits": {"memory": f"{32 * spec.gpu_count}Gi", "nvidia.com/gpu": str(spec.gpu_count)},
+        },
+        "startupProbe": _probe(10, STARTUP_GRACE_SECONDS // 10),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 3),
+        "volumeMounts": [
+            {"name": "shm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": MODELS_MOUNT},
+        ],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+
+
+def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
+    """Fills the model cache from the region's object store before the engine starts."""
+    container: dict[str, Any] = {
+        "name": "fetch-model",
+        "image": "amazon/aws-cli:2.17.0",
+        "command": ["aws", "s3", "sync", "--only-show-errors", spec.model_uri, f"{MODELS_MOUNT}/{spec.name}"],
+        "volumeMounts": [{"name": "model-cache", "mountPath": MODELS_MOUNT}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        },
+    }
+    if cfg.object_store_secret:
+        container["envFrom"] = [{"secretRef": {"name": cfg.object_store_secret}}]
+    return container
+
+
+def _cache_size(spec: WorkloadSpec, artifact_bytes: int) -> str:
+    return f"{max(10, math.ceil(artifact_bytes * 1.2 / 1024**3) + 5)}Gi"
+
+
+def render_manifests(
+    spec: WorkloadSpec, cfg: KubernetesConfig, artifact_bytes: int = 0
+) -> list[dict[str, Any]]:
+    labels = _labels(spec)
+    selector = {"app.kubernetes.io/instance": spec.name}
+    cache_claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": _cache_size(spec, artifact_bytes)}},
+    }
+    if cfg.storage_class:
+        cache_claim["storageClassName"] = cfg.storage_class
+    pod_spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationGracePeriodSeconds": 60,
+        "initContainers": [_fetch_container(spec, cfg)] if spec.model_uri.startswith("s3://") else [],
+        "containers": [_engine_container(spec)],
+        "volumes": [
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
+            {"name": "model-cache", "ephemeral": {"volumeClaimTemplate": {"spec": cache_claim}}},
+        ],
+    }
+    if spec.node_labels:
+        pod_spec["nodeSelector"] = spec.node_labels
+    if spec.taints:
+        pod_spec["tolerations"] = [
+            {
+                "key": t["key"],
+                "operator": "Equal",
+                "value": t.get("value", ""),
+                "effect": t.get("effect", "NoSchedule"),
+            }
+            for t in spec.taints
+        ]
+    metadata = {
+        "name": spec.name,
+        "namespace": cfg.namespace,
+        "labels": labels,
+        "annotations": {"controlplane.io/spec-hash": spec.spec_hash},
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector},
+            "progressDeadlineSeconds": 1200,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name(spec.name), "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector,
+            "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return [deployment, service]
+
+
+def service_name(workload: str) -> str:
+    # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://… and vLLM reads VLLM_PORT as its own setting.
+    return f"{workload}-engine"
+
+
+@contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """Turns client and transport failures into DriverError; 4xx (but 404/409/429) are permanent."""
+    try:
+        yield
+    except client.ApiException as exc:
+        permanent = 400 <= (exc.status or 0) < 500 and exc.status not in (404, 409, 429)
+        raise DriverError(
+            f"Kubernetes {what} failed: {exc.status} {exc.reason}: {(exc.body or '')[:500]}",
+            permanent=permanent,
+        ) from exc
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise DriverError(f"Kubernetes API unreachable during {what}: {exc}") from exc
+
+
+def _pod_problem(pod: Any) -> tuple[str, bool]:
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False":
+            return f"Unschedulable: {condition.message or condition.reason}", False
+    for status in (pod.status.init_container_statuses or []) + (pod.status.container_statuses or []):
+        waiting = status.state.waiting if status.state else None
+        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
+            return f"{waiting.reason}: {waiting.message or ''}".strip(
+                ": "
+            ), waiting.reason in PERMANENT_REASONS
+        terminated = status.last_state.terminated if status.last_state else None
+        if terminated and terminated.reason == "OOMKilled":
+            return (
+                "OOMKilled: the engine ran out of memory; use a larger GPU or a smaller max_model_len",
+                False,
+            )
+    return "", False
+
+
+class KubernetesDriver:
+    def __init__(self, cfg: KubernetesConfig, api_client: client.ApiClient | None = None):
+        self.cfg = cfg
+        self.api_client = api_client or build_api_client(cfg)
+        self.apps = client.AppsV1Api(self.api_client)
+        self.core = client.CoreV1Api(self.api_client)
+        self.timeout = (cfg.connect_timeout, cfg.read_timeout)
+        self.artifact_bytes = 0
+
+    def render(self, spec: WorkloadSpec) -> str:
+        return yaml.safe_dump_all(render_manifests(spec, self.cfg, self.artifact_bytes), sort_keys=False)
+
+    def apply(self, spec: WorkloadSpec) -> None:
+        deployment, service = render_manifests(spec, self.cfg, self.artifact_bytes)
+        ns = self.cfg.namespace
+        with _errors("apply"):
+            self.core.patch_namespaced_service(
+                service["metadata"]["name"],
+                ns,
+                service,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _request_timeout=self.timeout,
+            )
+            self.apps.patch_namespaced_deployment(
+                spec.name,
+                ns,
+                deployment,
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _request_timeout=self.timeout,
+            )
+
+    def observe(self, name: str) -> ObservedWorkload | None:
+        with _errors("read"):
+            try:
+                found = self.apps.read_namespaced_deployment(
+                    name, self.cfg.namespace, _request_timeout=self.timeout
+                )
+            except client.ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+            ready = found.status.ready_replicas or 0 if found.status else 0
+            problem, permanent = ("", False)
+            if ready < (found.spec.replicas or 0):
+                problem, permanent = self._problem(name)
+        endpoint = f"http://{service_name(name)}.{self.cfg.namespace}.svc.cluster.local:8000"
+        annotations = (found.metadata.annotations if found.metadata else None) or {}
+        return ObservedWorkload(
+            annotations.get("controlplane.io/spec-hash", ""),
+            found.spec.replicas or 0,
+            ready,
+            [endpoint] if ready else [],
+            False,
+            problem,
+            permanent,
+        )
+
+    def _problem(self, name: str) -> tuple[str, bool]:
+        pods = self.core.list_namespaced_pod(
+            self.cfg.namespace,
+            label_selector=f"app.kubernetes.io/instance={name}",
+            _request_timeout=self.timeout,
+        )
+        for pod in pods.items:
+            problem = _pod_problem(pod)
+            if problem[0]:
+                return problem
+        return "", False
+
+    def delete(self, name: str) -> None:
+        body = client.V1DeleteOptions(propagation_policy="Foreground")
+        with _errors("delete"):
+            for remove, target in (
+                (self.apps.delete_namespaced_deployment, name),
+                (self.core.delete_namespaced_service, service_name(name)),
+            ):
+                try:
+                    remove(target, self.cfg.namespace, body=body, _request_timeout=self.timeout)
+                except client.ApiException as exc:
+                    if exc.status != 404:
+                        raise

@@ -1,0 +1,269 @@
+"""The process driver: each replica is an OpenAI-compatible engine process on this host.
+
+Used for bare-metal and VM GPU hosts and for the embedded local default. The driver is the "cluster
+controller" here: ``apply`` starts missing replicas, restarts dead ones with exponential backoff, restarts
+replicas whose spec changed and stops extra ones. All state lives in files under the region's
+``state_dir`` (one folder per workload, one JSON file per replica), so any worker process can pick up
+where another left off: engines run in their own sessions and outlive the worker that started them.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from controlplane.errors import ValidationFailed
+from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
+from registry.engine_args import render_flags, vllm_available
+
+CRASH_LOOP_RESTARTS = 3  # after this many quick deaths the error is reported as permanent
+QUICK_DEATH_SECONDS = 90
+
+
+@dataclass(frozen=True)
+class ProcessConfig:
+    state_dir: str
+    engine: str = "auto"  # "vllm", "simulator" or "auto" (vLLM when installed)
+    host: str = "127.0.0.1"
+    kv_cache_gib: int = 1
+    max_backoff_seconds: int = 60
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any], default_state_dir: str) -> "ProcessConfig":
+        unknown = set(raw) - {"state_dir", "engine", "host", "kv_cache_gib", "max_backoff_seconds"}
+        if unknown:
+            raise ValidationFailed(f"Unknown process driver setting(s): {', '.join(sorted(unknown))}.")
+        config = cls(**{"state_dir": default_state_dir, **raw})
+        if config.engine not in {"auto", "vllm", "simulator"}:
+            raise ValidationFailed("engine must be auto, vllm or simulator.")
+        return config
+
+    @property
+    def resolved_engine(self) -> str:
+        if self.engine == "auto":
+            return "vllm" if vllm_available() else "simulator"
+        return self.engine
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int, port: int) -> bool:
+    """The process exists, is not a zombie, and is the engine we started (not a reused pid)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and str(port).encode() in cmdline
+
+
+def _healthy(host: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _log_tail(path: Path, lines: int = 6) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    meaningful = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(meaningful[-lines:])[-1500:]
+
+
+class ProcessDriver:
+    def __init__(self, config: ProcessConfig):
+        self.config = config
+        self.root = Path(config.state_dir)
+
+    # --- the interface ----------------------------------------------------------------------------
+
+    def apply(self, spec: WorkloadSpec) -> None:
+        folder = self.root / spec.name
+        folder.mkdir(parents=True, exist_ok=True)
+        self._model_path(spec)  # fail early and permanently on an artifact we cannot reach
+        (folder / "spec.json").write_text(
+            json.dumps({"hash": spec.spec_hash, "replicas": spec.replicas, "spec": asdict(spec)})
+        )
+        for index in range(spec.replicas):
+            self._ensure_running(folder, index, spec)
+        for extra in self._replica_files(folder):
+            if int(extra.stem.split("-")[1]) >= spec.replicas:
+                self._stop(json.loads(extra.read_text()))
+                extra.unlink()
+
+    def observe(self, name: str) -> ObservedWorkload | None:
+        folder = self.root / name
+        spec_file = folder / "spec.json"
+        if not spec_file.exists():
+            return None
+        desired = json.loads(spec_file.read_text())
+        ready, endpoints, repair, problem, permanent = 0, [], False, "", False
+        for index in range(desired["replicas"]):
+            state = self._read(folder, index)
+            if state is None or state["hash"] != desired["hash"] or not _alive(state["pid"], state["port"]):
+                repair = True
+                if state is not None and state.get("restarts", 0) >= 1:
+                    tail = _log_tail(folder / f"replica-{index}.log")
+                    problem = f"replica {index} exited; engine output:\n{tail}"
+                    permanent = permanent or self._crash_looping(state)
+                continue
+            if _healthy(self.config.host, state["port"]):
+                ready += 1
+                endpoints.append(f"http://{self.config.host}:{state['port']}")
+        return ObservedWorkload(
+            desired["hash"], desired["replicas"], ready, endpoints, repair, problem, permanent
+        )
+
+    def delete(self, name: str) -> None:
+        folder = self.root / name
+        for replica in self._replica_files(folder):
+            self._stop(json.loads(replica.read_text()))
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def render(self, spec: WorkloadSpec) -> str:
+        lines = [
+            f"# {spec.replicas} replica(s) of {spec.served_model_name} on {self.config.host}, "
+            f"engine: {self.config.resolved_engine}"
+        ]
+        env = " ".join(
+            f"{k}={v}" for k, v in sorted(self._env(Path("<state>")).items()) if k not in os.environ
+        )
+        lines.append(
+            f"{env} {' '.join(self._command(spec, port=0))}".replace("--port 0", "--port <allocated>")
+        )
+        return "\n".join(lines) + "\n"
+
+    # --- replicas ---------------------------------------------------------------------------------
+
+    def _replica_files(self, folder: Path) -> list[Path]:
+        return sorted(folder.glob("replica-*.json")) if folder.exists() else []
+
+    def _read(self, folder: Path, index: int) -> dict[str, Any] | None:
+        path = folder / f"replica-{index}.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def _crash_looping(self, state: dict[str, Any]) -> bool:
+        lived = state.get("exited_after", QUICK_DEATH_SECONDS + 1)
+        return bool(state.get("restarts", 0) >= CRASH_LOOP_RESTARTS and lived < QUICK_DEATH_SECONDS)
+
+    def _ensure_running(self, folder: Path, index: int, spec: WorkloadSpec) -> None:
+        state = self._read(folder, index)
+        if state is not None and state["hash"] == spec.spec_hash and _alive(state["pid"], state["port"]):
+            return
+        restarts = 0
+        if state is not None:
+            if state["hash"] == spec.spec_hash:  # it died: restart with backoff
+                if time.time() < state.get("next_restart_at", 0):
+                    return
+                restarts = state.get("restarts", 0) + 1
+                state["exited_after"] = time.time() - state["started_at"]
+            self._stop(state)
+        self._start(folder, index, spec, restarts, state)
+
+    def _start(
+        self, folder: Path, index: int, spec: WorkloadSpec, restarts: int, previous: dict[str, Any] | None
+    ) -> None:
+        port = _free_port(self.config.host)
+        log = (folder / f"replica-{index}.log").open("ab")
+        try:
+            process = subprocess.Popen(
+                self._command(spec, port),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self._env(folder)},
+                start_new_session=True,
+                cwd=folder,
+            )
+        except OSError as exc:
+            raise DriverError(f"cannot start the engine: {exc}", permanent=True) from exc
+        finally:
+            log.close()
+        backoff = min(self.config.max_backoff_seconds, 2**restarts) if restarts else 0
+        state = {
+            "pid": process.pid,
+            "port": port,
+            "hash": spec.spec_hash,
+            "started_at": time.time(),
+            "restarts": restarts,
+            "next_restart_at": time.time() + backoff,
+            "exited_after": (previous or {}).get("exited_after"),
+        }
+        (folder / f"replica-{index}.json").write_text(json.dumps(state))
+
+    def _stop(self, state: dict[str, Any]) -> None:
+        pid, port = state["pid"], state["port"]
+        if not _alive(pid, port):
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
+            while _alive(pid, port) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if _alive(pid, port):
+                os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # --- engines ----------------------------------------------------------------------------------
+
+    def _model_path(self, spec: WorkloadSpec) -> str:
+        uri = urlparse(spec.model_uri)
+        if uri.scheme != "file":
+            raise DriverError(
+                f"{spec.model_uri} is not on this host: the process driver serves file:// artifacts "
+                "(copies from object stores arrive with artifact replication).",
+                permanent=True,
+            )
+        if not Path(uri.path).is_dir():
+            raise DriverError(f"model directory {uri.path} does not exist on this host", permanent=True)
+        return uri.path
+
+    def _env(self, folder: Path) -> dict[str, str]:
+        cache = str(folder / ".cache")
+        return {
+            "HF_HUB_OFFLINE": "1",
+            "HF_HOME": cache,
+            "VLLM_CACHE_ROOT": cache,
+            "VLLM_NO_USAGE_STATS": "1",
+            "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _command(self, spec: WorkloadSpec, port: int) -> list[str]:
+        module = (
+            "vllm.entrypoints.openai.api_server"
+            if self.config.resolved_engine == "vllm"
+            else "regions.engines.simulator"
+        )
+        return [
+            sys.executable,
+            "-m",
+            module,
+            "--model",
+            self._model_path(spec),
+            "--served-model-name",
+            spec.served_model_name,
+            "--host",
+            self.config.host,
+            "--port",
+            str(port),
+            *render_flags(spec.engine_args),
+        ]

@@ -1,0 +1,227 @@
+"""A small stand-in for vLLM's OpenAI-compatible server: same endpoints, same metric names.
+
+For fast tests and for demo machines without the memory for real engines; the integration tests run the
+real vLLM. It answers /health, /version, /v1/models, /v1/chat/completions and /v1/completions (plain and
+streamed as server-sent events), /v1/embeddings and /metrics with the ``vllm:*`` series a router reads.
+Tokens are counted roughly (4 characters each) and the text is random words.
+
+    python -m regions.engines.simulator --model DIR --served-model-name NAME --port 8000 [vLLM flags...]
+"""
+
+import argparse
+import json
+import random
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+WORDS = ["the", "a", "model", "region", "token", "answer", "serve", "latency", "cluster", "weights", "cache"]
+
+
+class Engine:
+    def __init__(self, name: str, max_model_len: int):
+        self.name, self.max_model_len = name, max_model_len
+        self.lock = threading.Lock()
+        self.prompt_tokens = self.generation_tokens = self.requests_ok = self.running = 0
+
+    def metrics(self) -> str:
+        labels = f'engine="0",model_name="{self.name}"'
+        series = [
+            ("vllm:num_requests_running", "gauge", self.running),
+            ("vllm:num_requests_waiting", "gauge", 0),
+            ("vllm:kv_cache_usage_perc", "gauge", min(1.0, self.running * 0.05)),
+            ("vllm:prompt_tokens_total", "counter", self.prompt_tokens),
+            ("vllm:generation_tokens_total", "counter", self.generation_tokens),
+        ]
+        lines = []
+        for name, kind, value in series:
+            lines += [f"# TYPE {name} {kind}", f"{name}{{{labels}}} {float(value)}"]
+        lines += [
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(self.requests_ok)}',
+        ]
+        return "\n".join(lines) + "\n"
+
+    def count(self, prompt: int, completion: int) -> None:
+        with self.lock:
+            self.prompt_tokens += prompt
+            self.generation_tokens += completion
+            self.requests_ok += 1
+
+
+def _prompt_tokens(body: dict[str, Any]) -> int:
+    text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    return max(1, len(str(text)) // 4)
+
+
+class Handler(BaseHTTPRequestHandler):
+    engine: Engine
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    def _json(self, status: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path == "/version":
+            self._json(200, {"version": "simulator"})
+        elif self.path == "/v1/models":
+            card = {
+                "id": self.engine.name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": self.engine.name,
+                "max_model_len": self.engine.max_model_len,
+            }
+            self._json(200, {"object": "list", "data": [card]})
+        elif self.path == "/metrics":
+            data = self.engine.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        else:
+            self._json(404, {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}})
+
+    def do_POST(self) -> None:
+        try:
+            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        except ValueError:
+            return self._json(
+                400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}}
+            )
+        if body.get("model") not in (None, self.engine.name):
+            message = f"The model `{body.get('model')}` does not exist."
+            return self._json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
+        if self.path == "/v1/embeddings":
+            return self._embeddings(body)
+        if self.path not in {"/v1/chat/completions", "/v1/completions"}:
+            return self._json(404, {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}})
+        chat = self.path == "/v1/chat/completions"
+        prompt, completion = _prompt_tokens(body), int(body.get("max_tokens") or 16)
+        with self.engine.lock:
+            self.engine.running += 1
+        try:
+            if body.get("stream"):
+                self._stream(body, chat, prompt, completion)
+            else:
+                self._complete(chat, prompt, completion)
+        finally:
+            with self.engine.lock:
+                self.engine.running -= 1
+        self.engine.count(prompt, completion)
+        return None
+
+    def _usage(self, prompt: int, completion: int) -> dict[str, int]:
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _complete(self, chat: bool, prompt: int, completion: int) -> None:
+        text = " ".join(random.choice(WORDS) for _ in range(completion))
+        choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        self._json(
+            200,
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": self.engine.name,
+                "choices": [choice],
+                "usage": self._usage(prompt, completion),
+            },
+        )
+
+    def _stream(self, body: dict[str, Any], chat: bool, prompt: int, completion: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        rid = f"cmpl-{uuid.uuid4().hex}"
+
+        def send(payload: str) -> None:
+            data = f"data: {payload}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        for n in range(completion):
+            piece = random.choice(WORDS) + " "
+            delta = {"delta": {"content": piece}} if chat else {"text": piece}
+            finish = "length" if n == completion - 1 else None
+            send(
+                json.dumps(
+                    {
+                        "id": rid,
+                        "object": "chat.completion.chunk" if chat else "text_completion",
+                        "model": self.engine.name,
+                        "choices": [{"index": 0, **delta, "finish_reason": finish}],
+                    }
+                )
+            )
+            time.sleep(0.002)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            send(
+                json.dumps(
+                    {
+                        "id": rid,
+                        "model": self.engine.name,
+                        "choices": [],
+                        "usage": self._usage(prompt, completion),
+                    }
+                )
+            )
+        send("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _embeddings(self, body: dict[str, Any]) -> None:
+        inputs = body.get("input") or [""]
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [random.random() for _ in range(8)]}
+            for i in range(len(inputs))
+        ]
+        tokens = sum(max(1, len(str(x)) // 4) for x in inputs)
+        self.engine.count(tokens, 0)
+        self._json(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": self.engine.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--served-model-name", nargs="+")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds of pretend weight loading")
+    args, _ = parser.parse_known_args(argv)  # every other vLLM flag is accepted and ignored
+    time.sleep(args.startup_delay)  # like vLLM, the port is not listening while "loading"
+    Handler.engine = Engine((args.served_model_name or [args.model])[0], args.max_model_len)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    print(f"simulated engine serving {Handler.engine.name} on http://{args.host}:{args.port}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""The level-triggered reconciler: make every region match the database, one (deployment, region) at a time.
+
+Each pass reads the desired state from the database and what the region's driver reports, acts to close
+the gap, and records the outcome. It is safe to run anywhere, any number of times, and to kill midway:
+targets are claimed with a short lease by conditional UPDATE, names are deterministic, no transaction is
+held across a driver call, and a target that errors is retried with exponential backoff without holding
+up the others. Status changes are audited once, when they happen.
+"""
+
+import logging
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db import close_old_connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from controlplane.choices import AuditSource
+from controlplane.principal import Principal
+from controlplane.services.audit import audit_record
+from regions.choices import DeploymentState, TargetStatus
+from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
+from regions.drivers.factory import driver_for
+from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
+from regions.workloads import workload_name, workload_spec
+
+log = logging.getLogger(__name__)
+LEASE = timedelta(seconds=120)
+RESYNC = timedelta(seconds=20)
+MAX_BACKOFF_SECONDS = 300
+SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    ready: int = 0
+    endpoints: tuple[str, ...] = ()
+    error: str = ""
+    applied_hash: str = ""
+
+
+def due_targets(region: Region) -> list[int]:
+    now = timezone.now()
+    return list(
+        DeploymentTarget.objects.filter(region=region, next_attempt_at__lte=now)
+        .exclude(status=TargetStatus.DELETED)
+        .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)
+    )
+
+
+def reconcile_region(region_id: int) -> int:
+    """Reconcile the region's due targets, at most ``reconcile_concurrency`` at a time. Returns the count."""
+    region = Region.objects.get(pk=region_id)
+    targets = due_targets(region)
+    if not targets:
+        return 0
+    with ThreadPoolExecutor(max_workers=region.reconcile_concurrency) as pool:
+        list(pool.map(_reconcile_in_thread, targets))
+    return len(targets)
+
+
+def _reconcile_in_thread(target_id: int) -> None:
+    try:
+        reconcile_target(target_id)
+    except Exception:  # one item's failure never blocks the others
+        log.exception("reconcile of target %s failed unexpectedly", target_id)
+    finally:
+        close_old_connections()
+
+
+def _claim(target_id: int) -> DeploymentTarget | None:
+    now = timezone.now()
+    claimed = DeploymentTarget.objects.filter(
+        Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=target_id
+    ).update(lease_until=now + LEASE)
+    if not claimed:
+        return None
+    return DeploymentTarget.objects.select_related(
+        "deployment__owner", "deployment__model", "deployment__version", "region"
+    ).get(pk=target_id)
+
+
+def reconcile_target(target_id: int) -> None:
+    target = _claim(target_id)
+    if target is None:
+        return
+    driver = driver_for(target.region)
+    try:
+        outcome = _converge(target, driver)
+    except DriverError as exc:
+        _record_error(target, exc)
+    else:
+        _record(target, outcome)
+
+
+def _follow_alias(target: DeploymentTarget) -> None:
+    """A deployment that follows an alias rolls to wherever the alias points now."""
+    deployment = target.deployment
+    if not deployment.follow_alias or deployment.state != DeploymentState.ACTIVE:
+        return
+    alias = deployment.model.aliases.filter(name=deployment.follow_alias).select_related("version").first()
+    if alias is None or alias.version is None or alias.version_id == deployment.version_id:
+        return
+    with transaction.atomic():
+        moved = Deployment.objects.filter(pk=deployment.pk, version=deployment.version).update(
+            version=alias.version, generation=deployment.generation + 1, updated_at=timezone.now()
+        )
+        if moved:
+            DeploymentEvent.objects.create(
+                deployment=deployment,
+                kind="rollout",
+                message=f"alias {alias.name} moved: {deployment.version.version} → {alias.version.version}",
+            )
+            audit_record(
+                actor=SYSTEM,
+                action="deployment.rolled",
+                target=deployment,
+                tenant=deployment.owner,
+                before={"version": deployment.version.version},
+                after={"version": alias.version.version},
+            )
+    target.deployment.refresh_from_db()
+
+
+def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
+    deployment = target.deployment
+    if deployment.state != DeploymentState.ACTIVE:
+        driver.delete(workload_name(deployment))
+        gone = driver.observe(workload_name(deployment)) is None
+        return Outcome(TargetStatus.DELETED if gone else TargetStatus.DELETING)
+    _follow_alias(target)
+    spec = workload_spec(target)
+    observed = driver.observe(spec.name)
+    if _differs(observed, spec):
+        _note_drift(target, observed, spec)
+        driver.apply(spec)
+        observed = driver.observe(spec.name)
+    return _outcome(target, spec, observed)
+
+
+def _differs(observed: ObservedWorkload | None, spec: WorkloadSpec) -> bool:
+    if observed is None:
+        return spec.replicas > 0
+    return observed.spec_hash != spec.spec_hash or observed.replicas != spec.replicas or observed.needs_repair
+
+
+def _note_drift(target: DeploymentTarget, observed: ObservedWorkload | None, spec: WorkloadSpec) -> None:
+    """When nothing changed on our side since the last convergence, a difference was made by someone else."""
+    converged = (
+        target.observed_generation == target.deployment.generation and target.applied_hash == spec.spec_hash
+    )
+    if not converged or target.status in (TargetStatus.PENDING, TargetStatus.DELETED):
+        return
+    crashed = False
+    if observed is None:
+        what = "the workload was deleted outside the control plane"
+    elif observed.replicas != spec.replicas:
+        what = (
+            f"replicas were changed to {observed.replicas} outside the control plane (want {spec.replicas})"
+        )
+    elif observed.spec_hash != spec.spec_hash:
+        what = "the workload was modified outside the control plane"
+    else:
+        crashed = True
+        what = "engine replica(s) died" + (
+            f": {observed.problem.splitlines()[0]}" if observed.problem else ""
+        )
+    with transaction.atomic():
+        DeploymentEvent.objects.create(
+            deployment=target.deployment, region=target.region, kind="drift", message=f"{what}; restoring"
+        )
+        if not crashed:  # a crash is an event; a change someone else made is audited too
+            audit_record(
+                actor=SYSTEM,
+                action="deployment.drift_corrected",
+                target=target.deployment,
+                tenant=target.deployment.owner,
+                message=f"{target.region.code}: {what}",
+            )
+
+
+def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWorkload | None) -> Outcome:
+    if spec.replicas == 0:
+        return Outcome(TargetStatus.PAUSED, applied_hash=spec.spec_hash)
+    if observed is None:
+        return Outcome(TargetStatus.PROVISIONING, applied_hash=spec.spec_hash)
+    common = {
+        "ready": observed.ready_replicas,
+        "endpoints": tuple(observed.endpoints),
+        "applied_hash": spec.spec_hash,
+    }
+    if observed.problem_is_permanent:
+        return Outcome(TargetStatus.FAILED, error=observed.problem, **common)  # type: ignore[arg-type]
+    if observed.ready_replicas >= spec.replicas:
+        return Outcome(TargetStatus.READY, **common)  # type: ignore[arg-type]
+    was_up = target.status in (TargetStatus.READY, TargetStatus.DEGRADED)
+    status = TargetStatus.DEGRADED if observed.ready_replicas > 0 or was_up else TargetStatus.PROVISIONING
+    return Outcome(status, error=observed.problem, **common)  # type: ignore[arg-type]
+
+
+def _record(target: DeploymentTarget, outcome: Outcome) -> None:
+    now = timezone.now()
+    settled = outcome.status in (TargetStatus.READY, TargetStatus.PAUSED, TargetStatus.FAILED)
+    fields = {
+        "ready_replicas": outcome.ready,
+        "endpoints": list(outcome.endpoints),
+        "last_error": outcome.error,
+        "attempts": 0,
+        "lease_until": None,
+        "applied_hash": outcome.applied_hash or target.applied_hash,
+        "observed_generation": target.deployment.generation,
+        "next_attempt_at": now + (RESYNC if settled else timedelta(seconds=3)),
+    }
+    _save(target, outcome.status, fields, outcome.error)
+
+
+def _record_error(target: DeploymentTarget, exc: DriverError) -> None:
+    attempts = target.attempts + 1
+    delay = min(MAX_BACKOFF_SECONDS, 2**attempts) * random.uniform(0.8, 1.2)
+    status = TargetStatus.FAILED if exc.permanent else target.status
+    fields = {
+        "last_error": exc.message,
+        "attempts": attempts,
+        "lease_until": None,
+        "next_attempt_at": timezone.now() + timedelta(seconds=delay),
+    }
+    log.warning("reconcile %s failed (attempt %s, retry in %.0fs): %s", target, attempts, delay, exc.message)
+    _save(target, status, fields, exc.message)
+
+
+def _save(target: DeploymentTarget, status: str, fields: dict[str, object], error: str) -> None:
+    """Write the outcome; a status change is a compare-and-set that is evented and audited exactly once."""
+    with transaction.atomic():
+        if status == target.status:
+            DeploymentTarget.objects.filter(pk=target.pk).update(**fields)
+            return
+        changed = DeploymentTarget.objects.filter(pk=target.pk, status=target.status).update(
+            status=status, last_transition_at=timezone.now(), **fields
+        )
+        if not changed:
+            return
+        message = f"{target.region.code}: {target.status} → {status}" + (
+            f" ({error.splitlines()[0]})" if error else ""
+        )
+        DeploymentEvent.objects.create(
+            deployment=target.deployment, region=target.region, kind="status", message=message
+        )
+        audit_record(
+            actor=SYSTEM,
+            action="deployment.status_changed",
+            target=target.deployment,
+            tenant=target.deployment.owner,
+            before={"region": target.region.code, "status": target.status},
+            after={"region": target.region.code, "status": status, "error": error[:500]},
+        )
+        if status == TargetStatus.DELETED:
+            _finish_deletion(target.deployment)
+
+
+def _finish_deletion(deployment: Deployment) -> None:
+    if not deployment.targets.exclude(status=TargetStatus.DELETED).exists():
+        Deployment.objects.filter(pk=deployment.pk, state=DeploymentState.DELETING).update(
+            state=DeploymentState.DELETED, updated_at=timezone.now()
+        )
+
+
+def reconcile_all() -> None:
+    """The periodic pass over every region that serves (a disabled region is reconciled down to zero)."""
+    from regions.tasks import reconcile_region as task
+
+    for region_id in Region.objects.values_list("pk", flat=True):
+        task.delay(region_id)

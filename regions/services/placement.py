@@ -1,0 +1,130 @@
+"""Admission: which regions a deployment may go to, and why the others are excluded.
+
+A region qualifies when it is active, its jurisdiction is inside both the tenant's residency policy and
+the model version's allowed jurisdictions, and its GPU pool has room. Residency is never traded for
+capacity: a deployment with no compliant region is refused, not placed elsewhere.
+"""
+
+from dataclasses import dataclass, field
+
+from controlplane.choices import Scope
+from controlplane.errors import Conflict
+from controlplane.models import Tenant
+from controlplane.principal import Principal
+from regions.choices import RegionStatus
+from regions.models import Deployment, Region
+from regions.selectors import gpus_in_use, tenant_gpus_in_use
+from registry.api.serializers import sizing_of
+from registry.choices import VersionStatus
+from registry.models import ModelVersion
+
+TENANT_DEPLOYABLE = frozenset({VersionStatus.PRODUCTION, VersionStatus.CANARY})
+OPERATOR_DEPLOYABLE = TENANT_DEPLOYABLE | {VersionStatus.STAGED}
+
+
+@dataclass
+class RegionChoice:
+    region: Region
+    reasons: list[str] = field(default_factory=list)
+    free_gpus: int = 0
+
+    @property
+    def eligible(self) -> bool:
+        return not self.reasons
+
+
+def check_version_deployable(actor: Principal, version: ModelVersion) -> None:
+    allowed = OPERATOR_DEPLOYABLE if actor.sees_all(Scope.DEPLOYMENTS_WRITE) else TENANT_DEPLOYABLE
+    if version.status not in allowed:
+        raise Conflict(
+            f"{version} is {version.status}; deployable versions are {', '.join(sorted(allowed))}.",
+            code="version_not_deployable",
+        )
+
+
+def default_gpu(version: ModelVersion, regions: list[Region]) -> tuple[str, int]:
+    """The smallest fitting GPU type that some candidate region has, and how many a replica needs."""
+    available = {pool.gpu_type for region in regions for pool in region.gpu_pools.all()}
+    for fit in sizing_of(version)["fits"]:
+        if fit["gpu_type"] in available:
+            return fit["gpu_type"], fit["gpu_count"]
+    raise Conflict(
+        f"No region has a GPU type that fits {version} (needs about {sizing_of(version)['total_gib']} GiB).",
+        code="no_capacity",
+    )
+
+
+def region_choices(
+    *,
+    tenant: Tenant,
+    version: ModelVersion,
+    gpu_type: str,
+    gpu_count: int,
+    replicas: int,
+    exclude: Deployment | None = None,
+) -> list[RegionChoice]:
+    choices = []
+    for region in Region.objects.prefetch_related("gpu_pools").order_by("code"):
+        choice = RegionChoice(region)
+        if region.status != RegionStatus.ACTIVE:
+            choice.reasons.append(f"region is {region.status}")
+        if region.jurisdiction not in tenant.residency:
+            choice.reasons.append(
+                f"{region.jurisdiction} is outside {tenant.slug}'s residency policy "
+                f"({', '.join(tenant.residency)})"
+            )
+        if region.jurisdiction not in version.allowed_jurisdictions:
+            allowed = ", ".join(version.allowed_jurisdictions) or "none set"
+            choice.reasons.append(
+                f"{version} may not be served in {region.jurisdiction} (allowed: {allowed})"
+            )
+        pool = next((p for p in region.gpu_pools.all() if p.gpu_type == gpu_type), None)
+        if pool is None:
+            choice.reasons.append(f"no {gpu_type} GPUs in this region")
+        else:
+            choice.free_gpus = pool.gpu_count - gpus_in_use(region, gpu_type, exclude)
+            if replicas * gpu_count > choice.free_gpus:
+                choice.reasons.append(
+                    f"needs {replicas * gpu_count} {gpu_type} GPUs, {choice.free_gpus} free"
+                )
+        choices.append(choice)
+    return choices
+
+
+def check_quota(tenant: Tenant, extra_gpus: int, exclude: Deployment | None = None) -> None:
+    if tenant.max_gpus is None:
+        return
+    used = tenant_gpus_in_use(tenant, exclude)
+    if used + extra_gpus > tenant.max_gpus:
+        raise Conflict(
+            f"{tenant.slug} would use {used + extra_gpus} GPUs; its quota is {tenant.max_gpus} "
+            f"({used} in use).",
+            code="over_quota",
+        )
+
+
+def pick_regions(choices: list[RegionChoice], explicit: list[str] | None, min_regions: int) -> list[Region]:
+    by_code = {c.region.code: c for c in choices}
+    if explicit is not None:
+        for code in explicit:
+            choice = by_code.get(code)
+            if choice is None:
+                raise Conflict(f"No region '{code}'.", code="unknown_region")
+            if not choice.eligible:
+                raise Conflict(
+                    f"Region {code} cannot take this deployment: {'; '.join(choice.reasons)}.",
+                    code="region_not_eligible",
+                    detail={code: choice.reasons},
+                )
+        return [by_code[code].region for code in explicit]
+    eligible = [c.region for c in choices if c.eligible]
+    if len(eligible) < min_regions:
+        excluded = {c.region.code: c.reasons for c in choices if not c.eligible}
+        why = "; ".join(f"{code}: {', '.join(reasons)}" for code, reasons in excluded.items())
+        raise Conflict(
+            f"Only {len(eligible)} region(s) can take this deployment, {min_regions} required. "
+            f"Excluded: {why}.",
+            code="not_enough_regions",
+            detail=excluded,
+        )
+    return eligible

@@ -1,0 +1,90 @@
+"""Regions fixtures: local process regions (simulated or real vLLM engines) and a deployable tiny model."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from controlplane.principal import Principal
+from regions.drivers.factory import driver_for
+from regions.engines.tiny_model import write_tiny_model
+from regions.models import Region
+from regions.reconciler import reconcile_target
+from regions.services.regions import region_create
+from registry.models import ModelVersion
+from registry.services.models import model_register
+from tests.conftest import principal
+from tests.registry.conftest import advance, register
+
+TINY_ENGINE_ARGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": 512}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture
+def make_region(world, tmp_path):  # type: ignore[no-untyped-def]
+    """make_region(code, jurisdiction, engine="simulator", gpus=4) → an active local process region."""
+    created: list[Region] = []
+
+    def make(
+        code: str, jurisdiction: str, engine: str = "simulator", gpus: int = 4, **fields: object
+    ) -> Region:
+        region = region_create(
+            actor=principal(world.operator),
+            code=code,
+            name=code.upper(),
+            provider="local",
+            jurisdiction=jurisdiction,
+            driver="process",
+            driver_config={"state_dir": str(tmp_path / code), "engine": engine},
+            gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": gpus}],
+            **fields,
+        )
+        created.append(region)
+        return region
+
+    yield make
+    for region in created:  # never leave engines running after a test
+        root = Path(region.driver_config["state_dir"])
+        for workload in root.glob("*") if root.exists() else []:
+            driver_for(region).delete(workload.name)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def tiny_version(
+    actor: Principal, model_dir: Path, *, owner=None, status: str = "production"
+) -> ModelVersion:  # type: ignore[no-untyped-def]
+    """A tiny random-weight Llama registered as a catalog model (owner None) or a tenant's model."""
+    model = model_register(
+        actor=actor, owner=owner, name="tiny-llama", visibility="private" if owner else "catalog"
+    )
+    version = register(
+        model,
+        actor,
+        "1.0.0",
+        artifact_uri=f"file://{model_dir}",
+        served_model_name="tiny",
+        parameter_count=3_000_000,
+        dtype="float32",
+        max_context_length=512,
+        engine_args=TINY_ENGINE_ARGS,
+        architecture={
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+        },
+        allowed_jurisdictions=["EU", "US"],
+        artifact_manifest=[],
+    )
+    return advance(version, actor, status) if status != "draft" else version
+
+
+def converge(deployment, passes: int = 1) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(passes):
+        for target in deployment.targets.all():
+            target.__class__.objects.filter(pk=target.pk).update(lease_until=None)
+            reconcile_target(target.pk)
