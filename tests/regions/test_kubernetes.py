@@ -1,0 +1,176 @@
+"""The Kubernetes driver: rendered manifests validate against Kubernetes' schemas, and the driver is
+exercised end to end over HTTP against a test API server that speaks the real REST protocol."""
+
+import json
+
+import kubernetes_validate
+import pytest
+from kubernetes import client
+
+from controlplane.models import AuditEvent
+from regions.drivers.base import WorkloadSpec
+from regions.drivers.kubernetes import KubernetesConfig, render_manifests
+from regions.models import DeploymentTarget
+from regions.services.deployments import deployment_create, deployment_delete
+from regions.services.regions import region_create
+from tests.conftest import principal
+from tests.regions.conftest import converge, tiny_version
+from tests.support.kube_api import KubeApiServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SPEC = WorkloadSpec(
+    name="cp-7-chat",
+    labels={"controlplane.io/tenant": "acme", "controlplane.io/deployment": "7"},
+    replicas=2,
+    served_model_name="llama-3-8b-instruct",
+    model_uri="s3://models-eu/llama/1.0.0/",
+    runtime_image="vllm/vllm-openai:v0.33.0",
+    engine_args={"max_model_len": 8192, "enable_prefix_caching": True, "tensor_parallel_size": 2},
+    gpu_type="A100-80GB",
+    gpu_count=2,
+    node_labels={"nvidia.com/gpu.product": "A100-SXM4-80GB"},
+    taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+)
+CONFIG = KubernetesConfig(namespace="llm", kubeconfig_file="/dev/null", object_store_secret="models-eu-s3")
+
+
+@pytest.mark.parametrize(
+    "manifest", render_manifests(SPEC, CONFIG, artifact_bytes=16 * 1024**3), ids=lambda m: m["kind"]
+)
+def test_rendered_manifests_validate_against_the_kubernetes_schema(manifest):
+    kubernetes_validate.validate(manifest, kubernetes_validate.utils.latest_version(), strict=True)
+
+
+def test_rendered_deployment_follows_the_reference_deployments():
+    deployment, service = render_manifests(SPEC, CONFIG, artifact_bytes=16 * 1024**3)
+    pod = deployment["spec"]["template"]["spec"]
+    engine = pod["containers"][0]
+    assert engine["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert engine["args"][:4] == [
+        "--model",
+        "/models/cp-7-chat",
+        "--served-model-name",
+        "llama-3-8b-instruct",
+    ]
+    assert "--tensor-parallel-size" in engine["args"] and "--enable-prefix-caching" in engine["args"]
+    assert engine["ports"][0]["containerPort"] == 8000
+    startup = engine["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # ~10 minutes of weight loading
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}} in pod["volumes"]
+    assert (
+        pod["initContainers"][0]["name"] == "fetch-model"
+        and "s3://models-eu/llama/1.0.0/" in pod["initContainers"][0]["command"]
+    )
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert engine["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "A100-SXM4-80GB"}
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert deployment["metadata"]["labels"]["controlplane.io/tenant"] == "acme"
+    assert service["metadata"]["name"] == "cp-7-chat-engine" != "vllm"
+
+
+@pytest.fixture
+def kube(world, tmp_path):
+    with KubeApiServer() as server:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps(server.kubeconfig()))
+        region_create(
+            actor=principal(world.operator),
+            code="eu-central-1",
+            name="Frankfurt",
+            provider="aws",
+            jurisdiction="EU",
+            driver="kubernetes",
+            driver_config={"namespace": "llm", "kubeconfig_file": str(kubeconfig), "read_timeout": 5},
+            gpu_pools=[
+                {
+                    "gpu_type": "L4",
+                    "memory_gib": 24,
+                    "gpu_count": 8,
+                    "node_labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                }
+            ],
+        )
+        yield server
+
+
+@pytest.fixture
+def chat(world, kube, tiny_model_dir):
+    version = tiny_version(principal(world.operator), tiny_model_dir)
+    return deployment_create(
+        actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
+    )
+
+
+def target(deployment) -> DeploymentTarget:  # type: ignore[no-untyped-def]
+    return DeploymentTarget.objects.get(deployment=deployment)
+
+
+def test_deployment_converges_with_server_side_apply(kube, chat):
+    converge(chat)
+    name = f"cp-{chat.pk}-chat"
+    assert (
+        "PATCH",
+        f"/apis/apps/v1/namespaces/llm/deployments/{name}?fieldManager=controlplane&force=true",
+    ) in (kube.state.requests)
+    stored = kube.state.objects[("deployments", "llm", name)]
+    assert stored["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert ("services", "llm", f"{name}-engine") in kube.state.objects
+    found = target(chat)
+    assert found.status == "ready" and found.endpoints == [f"http://{name}-engine.llm.svc.cluster.local:8000"]
+
+
+def test_a_no_op_pass_issues_no_writes(kube, chat):
+    converge(chat)
+    kube.state.requests.clear()
+    converge(chat, passes=3)
+    assert kube.state.writes() == [] and kube.state.requests  # it looked, and changed nothing
+
+
+def test_scaling_outside_is_drift_that_is_corrected_and_audited(kube, chat):
+    converge(chat)
+    name = f"cp-{chat.pk}-chat"
+    api = client.AppsV1Api(client.ApiClient(client_configuration(kube)))
+    api.patch_namespaced_deployment_scale(name, "llm", {"spec": {"replicas": 5}})  # like kubectl scale
+    assert kube.state.objects[("deployments", "llm", name)]["spec"]["replicas"] == 5
+    converge(chat)
+    assert kube.state.objects[("deployments", "llm", name)]["spec"]["replicas"] == 1
+    assert (
+        AuditEvent.objects.filter(action="deployment.drift_corrected", message__contains="to 5").count() == 1
+    )
+
+
+def client_configuration(kube: KubeApiServer) -> client.Configuration:
+    configuration = client.Configuration()
+    configuration.host = kube.url
+    return configuration
+
+
+@pytest.mark.parametrize(
+    ("reason", "status", "permanent"),
+    [("ImagePullBackOff", "failed", True), ("Unschedulable", "provisioning", False)],
+)
+def test_pod_problems_surface_as_deployment_errors(kube, chat, reason, status, permanent):
+    kube.state.pod_problems[f"cp-{chat.pk}-chat"] = {"reason": reason, "message": "details from the kubelet"}
+    converge(chat)
+    found = target(chat)
+    assert found.status == status and found.last_error.startswith(reason)
+
+
+def test_unreachable_cluster_keeps_the_last_known_state_and_backs_off(kube, chat):
+    converge(chat)
+    kube.state.down = True
+    converge(chat)
+    found = target(chat)
+    assert found.status == "ready" and "unreachable" in found.last_error and found.attempts == 1
+
+
+def test_delete_removes_the_workload(world, kube, chat):
+    converge(chat)
+    deployment_delete(actor=principal(world.alice), deployment=chat)
+    converge(chat)
+    chat.refresh_from_db()
+    assert chat.state == "deleted" and not kube.state.objects
+    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 2

@@ -1,0 +1,283 @@
+"""A small Kubernetes API server for tests and benchmarks: the real REST protocol over HTTP.
+
+It keeps Deployments, Services and Pods in memory and answers the calls the official client makes:
+server-side apply (PATCH application/apply-patch+yaml with fieldManager), merge patches (what
+``kubectl scale`` sends), GET, LIST with label selectors, DELETE, with complete objects (uid,
+resourceVersion, generation, status) since client 37 validates responses. A Deployment becomes ready as
+soon as it is applied, unless the test holds it or injects a pod problem. Every request is logged, so a
+test can assert that a no-op reconcile pass wrote nothing.
+"""
+
+import copy
+import json
+import re
+import threading
+import uuid
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import yaml
+
+PATH = re.compile(
+    r"^/(?:api/v1|apis/apps/v1)/namespaces/(?P<ns>[^/]+)/(?P<kind>deployments|services|pods)(?:/(?P<name>[^/?]+))?"
+)
+KINDS = {"deployments": ("apps/v1", "Deployment"), "services": ("v1", "Service"), "pods": ("v1", "Pod")}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class KubeState:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.held: set[str] = set()  # deployments that must not become ready
+        self.pod_problems: dict[str, dict[str, Any]] = {}  # deployment name → waiting state
+        self.down = False  # when set, every connection is dropped without an answer (a network failure)
+
+    def writes(self) -> list[tuple[str, str]]:
+        return [r for r in self.requests if r[0] in {"PATCH", "PUT", "POST", "DELETE"}]
+
+    def refresh_status(self, obj: dict[str, Any]) -> None:
+        if obj["kind"] == "Deployment":
+            name, want = obj["metadata"]["name"], obj["spec"].get("replicas", 1)
+            ready = 0 if name in self.held or name in self.pod_problems else want
+            obj["status"] = {
+                "observedGeneration": obj["metadata"]["generation"],
+                "replicas": want,
+                "updatedReplicas": want,
+                "readyReplicas": ready,
+                "availableReplicas": ready,
+                "conditions": [
+                    {
+                        "type": "Available",
+                        "status": "True" if ready >= want else "False",
+                        "lastUpdateTime": _now(),
+                        "lastTransitionTime": _now(),
+                        "reason": "MinimumReplicasAvailable",
+                        "message": "",
+                    }
+                ],
+            }
+        elif obj["kind"] == "Service":
+            obj["spec"].setdefault("clusterIP", "10.96.0.10")
+            obj["status"] = {"loadBalancer": {}}
+
+    def pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+        pods = []
+        for (kind, pod_ns, name), obj in self.objects.items():
+            labels = obj["metadata"].get("labels", {})
+            if kind != "deployments" or pod_ns != ns or any(labels.get(k) != v for k, v in wanted.items()):
+                continue
+            waiting = self.pod_problems.get(name)
+            status: dict[str, Any] = {"phase": "Pending" if waiting else "Running", "conditions": []}
+            if waiting and waiting.get("reason") == "Unschedulable":
+                status["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": waiting.get("message", ""),
+                    }
+                ]
+            elif waiting:
+                status["containerStatuses"] = [
+                    {
+                        "name": "vllm",
+                        "ready": False,
+                        "restartCount": 3,
+                        "image": "x",
+                        "imageID": "",
+                        "state": {"waiting": waiting},
+                    }
+                ]
+            pods.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "status": status,
+                    "metadata": {
+                        "name": f"{name}-abc12",
+                        "namespace": ns,
+                        "labels": labels,
+                        "uid": str(uuid.uuid4()),
+                    },
+                    "spec": {"containers": [{"name": "vllm", "image": "x"}]},
+                }
+            )
+        return pods
+
+
+class Handler(BaseHTTPRequestHandler):
+    state: KubeState
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _status(self, code: int, reason: str, message: str) -> None:
+        self._send(
+            code,
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": message,
+                "reason": reason,
+                "code": code,
+            },
+        )
+
+    def _dropped(self) -> bool:
+        if self.state.down:
+            self.close_connection = True
+        return self.state.down
+
+    def _route(self) -> tuple[str, str, str | None, dict[str, str]] | None:
+        path, _, query = self.path.partition("?")
+        match = PATH.match(path)
+        if not match:
+            return None
+        params = dict(p.split("=", 1) for p in query.split("&") if "=" in p)
+        return match["ns"], match["kind"], match["name"], params
+
+    def do_GET(self) -> None:
+        if self._dropped():
+            return None
+        self.state.requests.append(("GET", self.path))
+        route = self._route()
+        if route is None:
+            return self._status(404, "NotFound", "no such path")
+        ns, kind, name, params = route
+        with self.state.lock:
+            if name is None:
+                items = self.state.pods(
+                    ns, params.get("labelSelector", "").replace("%3D", "=").replace("%2C", ",")
+                )
+                if kind != "pods":
+                    items = [o for (k, n, _), o in self.state.objects.items() if k == kind and n == ns]
+                api_version, object_kind = KINDS[kind]
+                return self._send(
+                    200,
+                    {
+                        "apiVersion": api_version,
+                        "kind": f"{object_kind}List",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": items,
+                    },
+                )
+            obj = self.state.objects.get((kind, ns, name))
+            if obj is None:
+                return self._status(404, "NotFound", f'{kind} "{name}" not found')
+            self.state.refresh_status(obj)
+            return self._send(200, obj)
+
+    def do_PATCH(self) -> None:
+        if self._dropped():
+            return None
+        self.state.requests.append(("PATCH", self.path))
+        route = self._route()
+        if route is None or route[2] is None:
+            return self._status(404, "NotFound", "no such path")
+        ns, kind, name, params = route
+        body = yaml.safe_load(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        content_type = self.headers.get("Content-Type", "")
+        with self.state.lock:
+            current = self.state.objects.get((kind, ns, name))
+            if content_type.startswith("application/apply-patch"):
+                if not params.get("fieldManager"):
+                    return self._status(400, "BadRequest", "fieldManager is required for apply patch")
+                updated = self._apply(kind, ns, name, current, body)
+            elif current is None:
+                return self._status(404, "NotFound", f'{kind} "{name}" not found')
+            else:
+                updated = merge_patch(current, body)
+            if current is None or updated.get("spec") != current.get("spec"):
+                updated["metadata"]["generation"] = (current or {}).get("metadata", {}).get(
+                    "generation", 0
+                ) + 1
+            updated["metadata"]["resourceVersion"] = str(len(self.state.requests))
+            self.state.objects[(kind, ns, name)] = updated
+            self.state.refresh_status(updated)
+            return self._send(201 if current is None else 200, updated)
+
+    def _apply(
+        self, kind: str, ns: str, name: str, current: dict[str, Any] | None, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        meta = {**(current or {}).get("metadata", {}), **body.get("metadata", {})}
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("creationTimestamp", _now())
+        meta.update(name=name, namespace=ns)
+        return {**body, "metadata": meta, "spec": copy.deepcopy(body.get("spec", {}))}
+
+    def do_DELETE(self) -> None:
+        if self._dropped():
+            return None
+        self.state.requests.append(("DELETE", self.path))
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))  # DeleteOptions
+        route = self._route()
+        if route is None or route[2] is None:
+            return self._status(404, "NotFound", "no such path")
+        ns, kind, name, _ = route
+        with self.state.lock:
+            removed = self.state.objects.pop((kind, ns, name), None)
+        if removed is None:
+            return self._status(404, "NotFound", f'{kind} "{name}" not found')
+        if kind == "services":  # the API answers a Service deletion with the object, others with a Status
+            return self._send(200, removed)
+        status = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"}
+        return self._send(200, {**status, "details": {"name": name, "kind": kind}})
+
+
+class KubeApiServer:
+    def __init__(self) -> None:
+        self.state = KubeState()
+        handler = type("BoundHandler", (Handler,), {"state": self.state})
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self) -> "KubeApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+        }
