@@ -5,8 +5,6 @@ from controlplane import views
 app_name = "dashboard"
 
 CAPABILITIES = [
-    ("regions", "Regions", "#4"),
-    ("deployments", "Deployments", "#4"),
     ("routing", "Routing", "#6"),
     ("costs", "Costs", "#7"),
 ]

@@ -19,6 +19,8 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("registry/", include("registry.urls")),
+    path("regions/", include("regions.urls")),
+    path("deployments/", include("regions.deployment_urls")),
     path("", include("controlplane.dashboard_urls")),
 ]
 

@@ -62,8 +62,8 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     items = [
         ("Overview", "dashboard:overview", True),
         ("Registry", "registry:catalog", Scope.REGISTRY_READ in scopes),
-        ("Regions", "dashboard:regions", Scope.DEPLOYMENTS_READ in scopes),
-        ("Deployments", "dashboard:deployments", Scope.DEPLOYMENTS_READ in scopes),
+        ("Regions", "regions:list", Scope.DEPLOYMENTS_READ in scopes),
+        ("Deployments", "deployments:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Routing", "dashboard:routing", Scope.DEPLOYMENTS_READ in scopes),
         ("Costs", "dashboard:costs", Scope.BILLING_READ in scopes),
         ("Audit", "dashboard:audit", Scope.AUDIT_READ in scopes),

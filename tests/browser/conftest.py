@@ -60,3 +60,7 @@ def login(page, username: str, password: str) -> None:  # type: ignore[no-untype
     page.fill("input[name=password]", password)
     page.click("button[type=submit]")
     page.wait_for_selector(".sidebar")
+
+
+# Fixtures of the capabilities the browser tests walk through.
+from tests.regions.conftest import make_region, tiny_model_dir  # noqa: E402, F401

@@ -122,3 +122,20 @@ def test_only_operators_manage_regions(world_with_regions, api):
     )
     assert bad.status_code == 400 and "kubeconfig" in bad.json()["error"]["message"]
     assert operator.post("/api/v1/regions/", {**body, "jurisdiction": "XX"}, format="json").status_code == 400
+
+
+def test_deployment_pages_are_scoped(client, world_with_regions, api):
+    api(world_with_regions.alice).post("/api/v1/deployments/", new_deployment(), format="json")
+    client.force_login(world_with_regions.bob)
+    assert "acme/chat" not in client.get("/deployments/").content.decode()
+    assert client.get("/deployments/acme/chat/").status_code == 404
+    assert client.post("/deployments/acme/chat/scale/", {"replicas": 3}).status_code == 404
+    assert client.post("/deployments/acme/chat/delete/").status_code == 404
+    assert "acme/chat" not in client.get("/regions/eu-west-1/").content.decode()
+    form = client.get("/deployments/new/?owner=acme").content.decode()
+    assert 'value="acme"' not in form
+    assert client.post("/regions/eu-west-1/status/", {"status": "disabled"}).status_code == 403
+    assert Deployment.objects.get().state == "active"
+    assert Region.objects.get(code="eu-west-1").status == "active"
+    client.force_login(world_with_regions.alice)
+    assert client.get("/deployments/acme/chat/").status_code == 200
