@@ -194,3 +194,64 @@ def test_one_regions_failure_does_not_block_another(world, make_region, tiny_mod
     assert DeploymentTarget.objects.get(pk=broken.pk).attempts == 1  # its backoff was respected meanwhile
     reconcile_target(broken.pk)  # not due yet: the claim succeeds but the error only grows the backoff
     assert DeploymentTarget.objects.get(pk=broken.pk).attempts == 2
+
+
+def test_following_an_alias_rolls_the_deployment_when_the_alias_moves(world, make_region, tiny_model_dir):
+    from tests.registry.conftest import advance, register
+
+    make_region("eu-west-1", "EU")
+    operator = principal(world.operator)
+    first = tiny_version(operator, tiny_model_dir)
+    deployment = deployment_create(
+        actor=principal(world.alice),
+        owner=world.tenant_a,
+        name="chat",
+        model=first.model,
+        follow_alias="production",
+    )
+    until_ready(deployment)
+    second = advance(
+        register(
+            first.model,
+            operator,
+            "1.1.0",
+            artifact_uri=first.artifact_uri,
+            served_model_name="tiny",
+            parameter_count=3_000_000,
+            dtype="float32",
+            max_context_length=512,
+            engine_args=first.engine_args,
+            artifact_manifest=[],
+            allowed_jurisdictions=["EU", "US"],
+        ),
+        operator,
+        "production",
+    )
+    until_ready(deployment)
+    deployment.refresh_from_db()
+    assert deployment.version_id == second.pk and deployment.generation == 2
+    assert DeploymentEvent.objects.filter(
+        deployment=deployment, kind="rollout", message__contains="1.1.0"
+    ).exists()
+    assert AuditEvent.objects.filter(action="deployment.rolled", target_id=str(deployment.pk)).count() == 1
+
+
+@pytest.mark.slow
+def test_a_celery_worker_converges_a_new_deployment_by_itself(
+    world, make_region, tiny_model_dir, celery_worker
+):
+    make_region("eu-west-1", "EU")
+    version = tiny_version(principal(world.operator), tiny_model_dir)
+    deployment = deployment_create(
+        actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
+    )
+    # Enqueued after commit; the worker reconciles (and keeps doing so while the engine starts).
+    from regions.tasks import reconcile_region as task
+
+    def ready():
+        target = target_of(deployment)
+        if target.status != "ready":
+            task.delay(target.region_id)
+        return target.status == "ready"
+
+    wait_for(ready, timeout=60, interval=1)

@@ -1,7 +1,9 @@
 """A demo world: an EU tenant and a US tenant, each with an admin, plus platform staff. Safe to re-run."""
 
+import hashlib
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
@@ -10,6 +12,14 @@ from controlplane.models import Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.tenants import membership_set, tenant_create
 from controlplane.services.users import user_create
+from regions.engines.tiny_model import write_tiny_model
+from regions.models import Region
+from regions.services.regions import region_create
+from registry.models import RegisteredModel
+from registry.services.lifecycle import version_transition
+from registry.services.models import model_register
+from registry.services.reports import report_submit
+from registry.services.versions import version_register
 
 DEMO_PASSWORD = "inference-demo-2026"
 TENANTS: list[dict[str, Any]] = [
@@ -40,6 +50,98 @@ USERS = [
     ("eu-dev", PlatformRole.NONE, ("acme-eu", TenantRole.DEVELOPER)),
     ("us-admin", PlatformRole.NONE, ("globex-us", TenantRole.ADMIN)),
 ]
+
+
+REGIONS: list[dict[str, Any]] = [
+    {
+        "code": "eu-west-1",
+        "name": "Dublin",
+        "provider": "local",
+        "city": "Dublin",
+        "latitude": 53.35,
+        "longitude": -6.26,
+        "jurisdiction": "EU",
+        "certifications": ["GDPR", "ISO27001"],
+    },
+    {
+        "code": "eu-central-1",
+        "name": "Frankfurt",
+        "provider": "local",
+        "city": "Frankfurt",
+        "latitude": 50.11,
+        "longitude": 8.68,
+        "jurisdiction": "EU",
+        "certifications": ["GDPR", "C5"],
+    },
+    {
+        "code": "us-east-1",
+        "name": "N. Virginia",
+        "provider": "local",
+        "city": "Ashburn",
+        "latitude": 39.04,
+        "longitude": -77.49,
+        "jurisdiction": "US",
+        "certifications": ["SOC2", "HIPAA"],
+    },
+]
+
+
+def seed_regions(actor: Principal) -> None:
+    """Local process-driver regions: real vLLM engines when the engine extra is installed, else simulated."""
+    for spec in REGIONS:
+        if not Region.objects.filter(code=spec["code"]).exists():
+            region_create(
+                actor=actor,
+                driver="process",
+                driver_config={"engine": "auto"},
+                gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": 4}],
+                **spec,
+            )
+
+
+def seed_catalog(actor: Principal) -> None:
+    """A tiny random-weight Llama in the platform catalog, in production, allowed in the EU and the US."""
+    model_dir = write_tiny_model(settings.VAR_DIR / "models" / "tiny-llama")
+    model = RegisteredModel.objects.filter(owner=None, name="tiny-llama").first() or model_register(
+        actor=actor,
+        owner=None,
+        name="tiny-llama",
+        visibility="catalog",
+        task="chat",
+        license="Apache-2.0",
+        description="A 2-layer random-weight Llama for demos and tests; vLLM serves it on a CPU.",
+    )
+    if model.versions.exists():
+        return
+    version, _ = version_register(
+        actor=actor,
+        model=model,
+        version="1.0.0",
+        artifact_uri=f"file://{model_dir}",
+        artifact_sha256=hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest(),
+        artifact_size_bytes=sum(f.stat().st_size for f in model_dir.iterdir()),
+        artifact_format="safetensors",
+        served_model_name="tiny-llama",
+        runtime_version="0.32.0",
+        runtime_image="vllm/vllm-openai-cpu:v0.32.0",
+        max_context_length=512,
+        parameter_count=3_000_000,
+        dtype="float32",
+        engine_args={"load_format": "dummy", "dtype": "float32", "max_model_len": 512},
+        architecture={
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+        },
+        allowed_jurisdictions=["EU", "US"],
+        data_classification="public",
+    )
+    report_submit(actor=actor, version=version, metrics={})
+    for state in ("validating", "validated", "staged", "canary", "production"):
+        version_transition(
+            actor=actor, version=version, to=state, reason="demo catalog", override=state == "production"
+        )
 
 
 class Command(BaseCommand):

@@ -100,12 +100,17 @@ class Command(BaseCommand):
         self.stdout.write("Stopped web, worker and scheduler.")
 
     def _banner(self, bind: str) -> None:
+        from regions.drivers.factory import engine_of
+        from regions.models import Region
+
         users = ", ".join(name for name, *_ in USERS)
+        engines = ", ".join(f"{r.code}: {engine_of(r)}" for r in Region.objects.order_by("code")) or "none"
         self.stdout.write(
             "\n"
             f"  Control plane:  http://{bind}/\n"
             f"  API docs:       http://{bind}/api/docs/\n"
             f"  Demo users:     {users}\n"
             f"  Demo password:  {DEMO_PASSWORD}\n"
+            f"  Region engines: {engines}\n"
             "  Worker and scheduler are running. Press Ctrl-C to stop everything.\n"
         )
