@@ -85,8 +85,8 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
 
         def up() -> bool:
             try:
-                return requests.get(f"{base}/readyz", timeout=2).status_code == 200
-            except requests.ConnectionError:
+                return requests.get(f"{base}/readyz", timeout=10).status_code == 200
+            except requests.RequestException:  # not listening yet, or still importing the app
                 return False
 
         wait_for(up, timeout=60)
