@@ -16,7 +16,7 @@ from regions import forms, selectors
 from regions.api.views import manifests_of
 from regions.choices import TargetStatus
 from regions.drivers.factory import engine_of
-from regions.models import Region
+from regions.models import DeploymentTarget, Region
 from regions.services import deployments, placement, regions
 from registry import selectors as registry_selectors
 from registry.models import ModelVersion
@@ -42,7 +42,11 @@ def region_list(request: HttpRequest, p: Principal) -> HttpResponse:
 @page
 def region_detail(request: HttpRequest, p: Principal, code: str) -> HttpResponse:
     region = selectors.region_get(p, code)
-    targets = [t for d in selectors.deployments_for(p) for t in d.targets.filter(region=region)]
+    targets = (
+        DeploymentTarget.objects.filter(region=region, deployment__in=selectors.deployments_for(p))
+        .exclude(status=TargetStatus.DELETED)
+        .select_related("deployment__owner")
+    )
     context = {
         "region": region,
         "engine": engine_of(region),
