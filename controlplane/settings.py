@@ -218,6 +218,9 @@ SPECTACULAR_SETTINGS = {
         "OperationStatusEnum": "controlplane.choices.OperationStatus",
         "JurisdictionEnum": "controlplane.choices.Jurisdiction",
         "VersionStatusEnum": "registry.choices.VersionStatus",
+        "RegionStatusEnum": "regions.choices.RegionStatus",
+        "TargetStatusEnum": "regions.choices.TargetStatus",
+        "DeploymentStateEnum": "regions.choices.DeploymentState",
     },
 }
 

@@ -165,6 +165,12 @@ def test_throttling_is_per_token(world, api, settings):
         cache.clear()
 
 
+def test_openapi_schema_generates_without_warnings(db, tmp_path):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+
+
 def test_openapi_schema_validates(world, api):
     response = api(world.admin).get("/api/schema/")
     assert response.status_code == 200
