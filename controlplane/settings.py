@@ -5,6 +5,7 @@ Production (any ALLOWED_HOSTS entry that is not a loopback name) requires SECRET
 HTTPS-only cookies and HSTS, so ``manage.py check --deploy`` passes.
 """
 
+import json
 from pathlib import Path
 
 import dj_database_url
@@ -170,6 +171,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "reconcile-regions": {
         "task": "regions.tasks.reconcile_all",
         "schedule": env_int("RECONCILE_INTERVAL_SECONDS", 15),
@@ -223,6 +225,18 @@ SPECTACULAR_SETTINGS = {
         "DeploymentStateEnum": "regions.choices.DeploymentState",
     },
 }
+
+# The platform's home store for model weights (ingested once), copied from here into regions' stores.
+ARTIFACT_HOME_STORE = json.loads(
+    env_str("ARTIFACT_HOME_STORE", json.dumps({"kind": "local", "root": str(VAR_DIR / "artifacts" / "home")}))
+)
+ARTIFACT_COPY_TUNING = {
+    "part_size": env_int("ARTIFACT_PART_MB", 8) * 1024 * 1024,
+    "concurrency": env_int("ARTIFACT_COPY_CONCURRENCY", 8),
+}
+
+# Replicas of retired versions are deleted this long after retirement (never while deployed).
+ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 7)
 
 # How long an Idempotency-Key is remembered.
 IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24)

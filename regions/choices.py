@@ -47,6 +47,7 @@ class TargetStatus(models.TextChoices):
     """What a deployment looks like in one region, as last observed by the reconciler."""
 
     PENDING = "pending", "Pending"
+    WAITING = "waiting", "Waiting for artifacts"
     PROVISIONING = "provisioning", "Provisioning"
     READY = "ready", "Ready"
     DEGRADED = "degraded", "Degraded"
@@ -57,3 +58,14 @@ class TargetStatus(models.TextChoices):
 
 
 FINAL_TARGET_STATES = frozenset({TargetStatus.DELETED})
+
+
+class ReplicaState(models.TextChoices):
+    """Where a model version's weights stand in one region's object store."""
+
+    PENDING = "pending", "Pending"
+    COPYING = "copying", "Copying"
+    VERIFYING = "verifying", "Verifying"
+    READY = "ready", "Ready"
+    FAILED = "failed", "Failed"
+    FORBIDDEN = "forbidden", "Forbidden by residency"

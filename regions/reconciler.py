@@ -20,7 +20,7 @@ from django.utils import timezone
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
-from regions.choices import DeploymentState, TargetStatus
+from regions.choices import DeploymentState, ReplicaState, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
 RESYNC = timedelta(seconds=20)
 MAX_BACKOFF_SECONDS = 300
+MAX_REPLICATION_ATTEMPTS = 5
 SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
 
 
@@ -134,6 +135,9 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
         gone = driver.observe(workload_name(deployment)) is None
         return Outcome(TargetStatus.DELETED if gone else TargetStatus.DELETING)
     _follow_alias(target)
+    waiting = _artifacts_missing(target)
+    if waiting is not None:
+        return waiting
     spec = workload_spec(target)
     observed = driver.observe(spec.name)
     if _differs(observed, spec):
@@ -141,6 +145,27 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
         driver.apply(spec)
         observed = driver.observe(spec.name)
     return _outcome(target, spec, observed)
+
+
+def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
+    """In a region with its own object store, engines start only from a verified copy of the weights there."""
+    if not target.region.object_store or workload_spec(target).replicas == 0:
+        return None
+    from regions.artifacts.replication import replica_for
+    from regions.tasks import replicate_artifact
+
+    replica = replica_for(target.deployment.version, target.region)
+    if replica.state == ReplicaState.READY:
+        return None
+    if replica.state == ReplicaState.FORBIDDEN:
+        return Outcome(TargetStatus.FAILED, error=f"weights may not be stored here: {replica.last_error}")
+    retry = replica.state in (ReplicaState.PENDING, ReplicaState.FAILED)
+    if retry and replica.attempts < MAX_REPLICATION_ATTEMPTS:
+        replicate_artifact.delay(replica.pk)
+    detail = f" ({replica.last_error})" if replica.state == ReplicaState.FAILED else ""
+    return Outcome(
+        TargetStatus.WAITING, error=f"waiting for artifacts: {replica.state} {replica.progress}%{detail}"
+    )
 
 
 def _differs(observed: ObservedWorkload | None, spec: WorkloadSpec) -> bool:

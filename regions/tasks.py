@@ -13,3 +13,21 @@ def reconcile_region(region_id: int) -> int:
 @shared_task(name="regions.tasks.reconcile_all")
 def reconcile_all() -> None:
     reconciler.reconcile_all()
+
+
+@shared_task(name="regions.tasks.replicate_artifact")
+def replicate_artifact(replica_id: int) -> str:
+    from regions.artifacts.replication import replicate
+
+    return replicate(replica_id).state
+
+
+@shared_task(name="regions.tasks.collect_artifact_garbage")
+def collect_artifact_garbage() -> list[str]:
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    from regions.artifacts.services import collect_garbage
+
+    return collect_garbage(timedelta(days=settings.ARTIFACT_RETENTION_DAYS))

@@ -4,6 +4,7 @@ import re
 
 from regions.drivers.base import WorkloadSpec
 from regions.models import Deployment, DeploymentTarget, GpuPool
+from registry.models import ModelVersion
 
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -25,6 +26,12 @@ def effective_replicas(target: DeploymentTarget) -> int:
     return target.desired_replicas
 
 
+def model_files(version: ModelVersion) -> list[list[str]]:
+    """(relative path, sha256) of every file the engine needs, fetched by content address."""
+    files = [[f["path"], f["sha256"]] for f in version.artifact_manifest if "sha256" in f]
+    return files or [[f"model.{version.artifact_format}", version.artifact_sha256]]
+
+
 def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
     deployment, version = target.deployment, target.deployment.version
     pool = GpuPool.objects.filter(region=target.region, gpu_type=deployment.gpu_type).first()
@@ -43,6 +50,8 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
         engine_args={**version.engine_args, **deployment.engine_overrides},
         gpu_type=deployment.gpu_type,
         gpu_count=deployment.gpu_count,
+        model_store=dict(target.region.object_store),
+        model_files=model_files(version) if target.region.object_store else [],
         node_labels=dict(pool.node_labels) if pool else {},
         taints=list(pool.taints) if pool else [],
     )

@@ -29,6 +29,10 @@ class WorkloadSpec:
     engine_args: dict[str, Any]
     gpu_type: str
     gpu_count: int
+    # Where the weights come from inside the region: its object store and the files (path, sha256) to
+    # fetch into the model cache. Empty when the region has no store and serves model_uri directly.
+    model_store: dict[str, Any] = field(default_factory=dict)
+    model_files: list[list[str]] = field(default_factory=list)
     node_labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict[str, str]] = field(default_factory=list)
 

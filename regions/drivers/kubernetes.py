@@ -137,11 +137,23 @@ def _engine_container(spec: WorkloadSpec) -> dict[str, Any]:
 
 
 def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
-    """Fills the model cache from the region's object store before the engine starts."""
+    """Fills the model cache from the region's own object store before the engine starts."""
+    target = f"{MODELS_MOUNT}/{spec.name}"
+    endpoint = spec.model_store.get("endpoint_url")
+    flags = f" --endpoint-url {endpoint}" if endpoint else ""
+    if spec.model_files:
+        bucket = spec.model_store["bucket"]
+        copies = [
+            f"aws s3 cp --only-show-errors{flags} s3://{bucket}/blobs/sha256/{sha} {target}/{path}"
+            for path, sha in spec.model_files
+        ]
+        command = ["sh", "-ec", " && ".join(copies)]
+    else:
+        command = ["aws", "s3", "sync", "--only-show-errors", spec.model_uri, target]
     container: dict[str, Any] = {
         "name": "fetch-model",
         "image": "amazon/aws-cli:2.17.0",
-        "command": ["aws", "s3", "sync", "--only-show-errors", spec.model_uri, f"{MODELS_MOUNT}/{spec.name}"],
+        "command": command,
         "volumeMounts": [{"name": "model-cache", "mountPath": MODELS_MOUNT}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "securityContext": {
@@ -179,7 +191,9 @@ def render_manifests(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "terminationGracePeriodSeconds": 60,
-        "initContainers": [_fetch_container(spec, cfg)] if spec.model_uri.startswith("s3://") else [],
+        "initContainers": [_fetch_container(spec, cfg)]
+        if spec.model_files or spec.model_uri.startswith("s3://")
+        else [],
         "containers": [_engine_container(spec)],
         "volumes": [
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},

@@ -145,9 +145,10 @@ class ProcessDriver:
         env = " ".join(
             f"{k}={v}" for k, v in sorted(self._env(Path("<state>")).items()) if k not in os.environ
         )
-        lines.append(
-            f"{env} {' '.join(self._command(spec, port=0))}".replace("--port 0", "--port <allocated>")
+        command = " ".join(
+            self._command(spec, port=0, model_path="<model cache>" if spec.model_store else None)
         )
+        lines.append(f"{env} {command}".replace("--port 0", "--port <allocated>"))
         return "\n".join(lines) + "\n"
 
     # --- replicas ---------------------------------------------------------------------------------
@@ -225,6 +226,8 @@ class ProcessDriver:
     # --- engines ----------------------------------------------------------------------------------
 
     def _model_path(self, spec: WorkloadSpec) -> str:
+        if spec.model_store:
+            return self._cached_model(spec)
         uri = urlparse(spec.model_uri)
         if uri.scheme != "file":
             raise DriverError(
@@ -235,6 +238,27 @@ class ProcessDriver:
         if not Path(uri.path).is_dir():
             raise DriverError(f"model directory {uri.path} does not exist on this host", permanent=True)
         return uri.path
+
+    def _cached_model(self, spec: WorkloadSpec) -> str:
+        """Fill the host's model cache from the region's own store (never across regions), once per file."""
+        from regions.artifacts.stores import blob_key, store_from_config
+
+        store = store_from_config(spec.model_store)
+        folder = self.root / ".models" / spec.spec_hash[:16]
+        for path, sha in spec.model_files:
+            target = folder / path
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(target.suffix + ".partial")
+            try:
+                with partial.open("wb") as out:
+                    for chunk in store.stream(blob_key(sha)):
+                        out.write(chunk)
+            except Exception as exc:
+                raise DriverError(f"cannot fetch {path} from {store.label}: {exc}") from exc
+            partial.rename(target)
+        return str(folder)
 
     def _env(self, folder: Path) -> dict[str, str]:
         cache = str(folder / ".cache")
@@ -247,7 +271,7 @@ class ProcessDriver:
             "PYTHONUNBUFFERED": "1",
         }
 
-    def _command(self, spec: WorkloadSpec, port: int) -> list[str]:
+    def _command(self, spec: WorkloadSpec, port: int, model_path: str | None = None) -> list[str]:
         module = (
             "vllm.entrypoints.openai.api_server"
             if self.config.resolved_engine == "vllm"
@@ -258,7 +282,7 @@ class ProcessDriver:
             "-m",
             module,
             "--model",
-            self._model_path(spec),
+            model_path or self._model_path(spec),
             "--served-model-name",
             spec.served_model_name,
             "--host",

@@ -1,0 +1,145 @@
+"""Replicating a model version's weights from the home store into a region's store.
+
+Residency fails closed: a region outside the version's allowed jurisdictions gets state ``forbidden``
+(audited) and not one byte. A replica is claimed with a lease by conditional UPDATE, copied blob by blob
+(resumable, parallel parts), verified by SHA-256 at the destination, and only then ``ready``.
+"""
+
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from controlplane.choices import AuditSource
+from controlplane.principal import Principal
+from controlplane.services.audit import audit_record
+from regions.artifacts.copier import CopyTuning, copy_blob, verify_blob
+from regions.artifacts.stores import ObjectStore, store_from_config
+from regions.choices import ReplicaState
+from regions.drivers.base import DriverError
+from regions.models import ArtifactReplica, Region
+from registry.models import ModelVersion
+
+SYSTEM = Principal.system("replicator", source=AuditSource.TASK)
+LEASE = timedelta(minutes=10)
+
+
+def home_store() -> ObjectStore:
+    return store_from_config(settings.ARTIFACT_HOME_STORE)
+
+
+def blobs_of(version: ModelVersion) -> list[tuple[str, int]]:
+    """(sha256, size) of every file of the version: the manifest's files, or the single artifact."""
+    files = [(f["sha256"], int(f.get("size_bytes", 0))) for f in version.artifact_manifest if "sha256" in f]
+    return files or [(version.artifact_sha256, version.artifact_size_bytes)]
+
+
+def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:
+    replica, _ = ArtifactReplica.objects.get_or_create(
+        version=version, region=region, defaults={"bytes_total": sum(size for _, size in blobs_of(version))}
+    )
+    return replica
+
+
+def _forbid(replica: ArtifactReplica) -> None:
+    version, region = replica.version, replica.region
+    allowed = ", ".join(version.allowed_jurisdictions) or "none"
+    reason = f"{version} may not be stored in {region.jurisdiction} (allowed: {allowed})"
+    with transaction.atomic():
+        moved = (
+            ArtifactReplica.objects.filter(pk=replica.pk)
+            .exclude(state=ReplicaState.FORBIDDEN)
+            .update(state=ReplicaState.FORBIDDEN, last_error=reason, updated_at=timezone.now())
+        )
+        if moved:
+            audit_record(
+                actor=SYSTEM,
+                action="artifact.replication_forbidden",
+                target=version,
+                tenant=version.model.owner,
+                message=f"{region.code}: {reason}",
+            )
+
+
+def _claim(replica: ArtifactReplica) -> bool:
+    now = timezone.now()
+    return bool(
+        ArtifactReplica.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=replica.pk)
+        .exclude(state__in=[ReplicaState.READY, ReplicaState.FORBIDDEN])
+        .update(lease_until=now + LEASE, state=ReplicaState.COPYING, started_at=now, updated_at=now)
+    )
+
+
+def replicate(replica_id: int, tuning: CopyTuning | None = None) -> ArtifactReplica:
+    """Bring one replica to ready (or forbidden/failed). Safe to call repeatedly and concurrently."""
+    replica = ArtifactReplica.objects.select_related("version__model__owner", "region").get(pk=replica_id)
+    if replica.region.jurisdiction not in replica.version.allowed_jurisdictions:
+        _forbid(replica)
+    elif _claim(replica):
+        try:
+            _copy_and_verify(replica, tuning or CopyTuning(**settings.ARTIFACT_COPY_TUNING))
+        except (DriverError, OSError, Exception) as exc:  # any failure is recorded; the next attempt resumes
+            ArtifactReplica.objects.filter(pk=replica.pk).update(
+                state=ReplicaState.FAILED,
+                last_error=str(exc)[:2000],
+                attempts=F("attempts") + 1,
+                lease_until=None,
+                updated_at=timezone.now(),
+            )
+    replica.refresh_from_db()
+    return replica
+
+
+def _copy_and_verify(replica: ArtifactReplica, tuning: CopyTuning) -> None:
+    source, target = home_store(), store_from_config(replica.region.object_store)
+    started, moved = time.monotonic(), 0
+    upload_ids: dict[str, Any] = dict(replica.upload_ids)
+
+    def remember(sha: str) -> Any:
+        def save(upload_id: str) -> None:
+            upload_ids[sha] = upload_id
+            ArtifactReplica.objects.filter(pk=replica.pk).update(upload_ids=upload_ids)
+
+        return save
+
+    done = 0  # bytes of the blobs finished before the current one
+    unverified: list[str] = []  # blobs whose destination checksums could not be checked in flight
+    for sha, size in blobs_of(replica.version):
+
+        def progress(copied: int, base: int = done) -> None:
+            ArtifactReplica.objects.filter(pk=replica.pk).update(bytes_copied=base + copied)
+
+        result = copy_blob(
+            source,
+            target,
+            sha,
+            size,
+            tuning=tuning,
+            upload_id=upload_ids.get(sha),
+            remember_upload=remember(sha),
+            progress=progress,
+        )
+        moved += result.moved
+        if not result.verified:
+            unverified.append(sha)
+        done += size
+    ArtifactReplica.objects.filter(pk=replica.pk).update(
+        state=ReplicaState.VERIFYING, updated_at=timezone.now()
+    )
+    for sha in unverified:
+        verify_blob(target, sha)  # read back and hash what the destination holds
+    seconds = max(time.monotonic() - started, 1e-6)
+    ArtifactReplica.objects.filter(pk=replica.pk).update(
+        state=ReplicaState.READY,
+        bytes_copied=replica.bytes_total,
+        upload_ids={},
+        lease_until=None,
+        last_error="",
+        throughput_mbps=round(moved / seconds / 1e6, 1) if moved else None,
+        finished_at=timezone.now(),
+        updated_at=timezone.now(),
+    )

@@ -1,0 +1,250 @@
+"""Artifact replication against real S3 HTTP endpoints (moto standalone servers) and the real boto3 client."""
+
+import hashlib
+import os
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from controlplane.models import AuditEvent
+from regions.artifacts.copier import CopyTuning, copy_blob
+from regions.artifacts.replication import replica_for, replicate
+from regions.artifacts.stores import LocalStore, S3Store, blob_key, store_from_config
+from regions.models import ArtifactReplica
+from tests.conftest import principal
+from tests.registry.conftest import register
+
+MiB = 1024 * 1024
+SMALL = CopyTuning(part_size=5 * MiB, concurrency=4)
+
+
+@pytest.fixture(scope="session")
+def s3_endpoints():
+    """Two S3 endpoints standing in for two providers' regions."""
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    servers = [ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False) for _ in range(2)]
+    for server in servers:
+        server.start()
+    yield ["http://{}:{}".format(*server.get_host_and_port()) for server in servers]
+    for server in servers:
+        server.stop()
+
+
+def bucket(endpoint: str, name: str) -> dict:
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    return {"kind": "s3", "bucket": name, "endpoint_url": endpoint}
+
+
+def put_blob(store, data: bytes) -> str:
+    sha = hashlib.sha256(data).hexdigest()
+    upload = store.begin(blob_key(sha))
+    store.complete(blob_key(sha), upload, {1: store.put_part(blob_key(sha), upload, 1, data)}, sha)
+    return sha
+
+
+@pytest.fixture
+def home(settings, tmp_path):
+    settings.ARTIFACT_HOME_STORE = {"kind": "local", "root": str(tmp_path / "home")}
+    settings.ARTIFACT_COPY_TUNING = {"part_size": 5 * MiB, "concurrency": 4}
+    return LocalStore(tmp_path / "home")
+
+
+def region_with_store(make_region, code, jurisdiction, store):
+    region = make_region(code, jurisdiction)
+    region.object_store = store
+    region.save()
+    return region
+
+
+def weights_version(world, chat_model, home, data: bytes, **extra):
+    sha = put_blob(home, data)
+    return register(
+        chat_model,
+        principal(world.alice),
+        "1.0.0",
+        sha=sha,
+        artifact_size_bytes=len(data),
+        artifact_manifest=[],
+        **extra,
+    )
+
+
+def test_replicates_verifies_and_is_a_no_op_the_second_time(
+    world, chat_model, home, make_region, s3_endpoints
+):
+    data = os.urandom(12 * MiB + 123)
+    version = weights_version(world, chat_model, home, data)
+    region = region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-weights"))
+    replica = replicate(replica_for(version, region).pk)
+    assert replica.state == "ready", replica.last_error
+    assert replica.bytes_copied == len(data) and replica.throughput_mbps
+    s3 = store_from_config(region.object_store)
+    assert b"".join(s3.stream(blob_key(version.artifact_sha256))) == data
+    ArtifactReplica.objects.filter(pk=replica.pk).update(state="pending")
+    again = replicate(replica.pk)
+    assert again.state == "ready" and again.throughput_mbps is None  # nothing moved: content-addressed
+
+
+def test_residency_fails_closed(world, chat_model, home, make_region, s3_endpoints):
+    version = weights_version(world, chat_model, home, b"weights")  # allowed in EU and CH only
+    region = region_with_store(make_region, "us-east-1", "US", bucket(s3_endpoints[0], "us-weights"))
+    replica = replicate(replica_for(version, region).pk)
+    assert replica.state == "forbidden" and "may not be stored in US" in replica.last_error
+    assert store_from_config(region.object_store).size_of(blob_key(version.artifact_sha256)) is None
+    assert AuditEvent.objects.filter(action="artifact.replication_forbidden").count() == 1
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfter:
+    """The real destination store, but the worker 'dies' after a number of parts."""
+
+    def __init__(self, store, parts: int):
+        self.store, self.left, self.calls = store, parts, 0
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def put_part(self, *args):
+        self.calls += 1
+        if self.left == 0:
+            raise Crash("worker killed")
+        self.left -= 1
+        return self.store.put_part(*args)
+
+
+def test_a_crashed_copy_resumes_without_recopying_finished_parts(s3_endpoints, tmp_path):
+    data = os.urandom(26 * MiB)
+    source = LocalStore(tmp_path / "src")
+    sha = put_blob(source, data)
+    destination = store_from_config(bucket(s3_endpoints[1], "resume"))
+    saved: dict[str, str] = {}
+    one_at_a_time = CopyTuning(part_size=5 * MiB, concurrency=1)
+    with pytest.raises(Crash):
+        copy_blob(
+            source,
+            CrashAfter(destination, 2),
+            sha,
+            len(data),
+            tuning=one_at_a_time,
+            upload_id=None,
+            remember_upload=lambda u: saved.update(id=u),
+            progress=lambda n: None,
+        )
+    assert len(destination.parts_done(blob_key(sha), saved["id"])) == 2
+    resumed = CrashAfter(destination, 100)
+    moved = copy_blob(
+        source,
+        resumed,
+        sha,
+        len(data),
+        tuning=one_at_a_time,
+        upload_id=saved["id"],
+        remember_upload=lambda u: None,
+        progress=lambda n: None,
+    )
+    assert resumed.calls == 4 and moved.moved == len(data) - 10 * MiB  # 6 parts, 2 were already there
+    assert moved.verified  # the parts' MD5s match the destination's ETags, the stream's SHA-256 matches
+    assert b"".join(destination.stream(blob_key(sha))) == data
+
+
+def test_same_endpoint_copies_server_side(s3_endpoints):
+    home_cfg, region_cfg = bucket(s3_endpoints[0], "home-a"), bucket(s3_endpoints[0], "region-a")
+    source, destination = store_from_config(home_cfg), store_from_config(region_cfg)
+    data = os.urandom(11 * MiB)
+    sha = put_blob(source, data)
+    counted = CrashAfter(destination, 100)
+    copy_blob(
+        source,
+        counted,
+        sha,
+        len(data),
+        tuning=SMALL,
+        upload_id=None,
+        remember_upload=lambda u: None,
+        progress=lambda n: None,
+    )
+    assert counted.calls == 0  # no part went through the worker
+    assert b"".join(destination.stream(blob_key(sha))) == data
+
+
+def test_checksum_mismatch_fails_and_leaves_nothing(world, chat_model, home, make_region, s3_endpoints):
+    data = os.urandom(MiB)
+    version = weights_version(world, chat_model, home, data)
+    (home.root / blob_key(version.artifact_sha256)).write_bytes(b"corrupted" + data[9:])  # bit rot at home
+    region = region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-mismatch"))
+    replica = replicate(replica_for(version, region).pk)
+    assert replica.state == "failed" and "checksum mismatch" in replica.last_error and replica.attempts == 1
+    assert store_from_config(region.object_store).size_of(blob_key(version.artifact_sha256)) is None
+
+
+@pytest.mark.slow
+def test_a_few_hundred_megabytes_between_two_endpoints(s3_endpoints):
+    source = store_from_config(bucket(s3_endpoints[0], "big-src"))
+    destination = store_from_config(bucket(s3_endpoints[1], "big-dst"))
+    data = os.urandom(64 * MiB) * 4  # 256 MiB
+    sha = hashlib.sha256(data).hexdigest()
+    upload = source.begin(blob_key(sha))
+    parts = {
+        n + 1: source.put_part(blob_key(sha), upload, n + 1, data[n * 64 * MiB : (n + 1) * 64 * MiB])
+        for n in range(4)
+    }
+    source.complete(blob_key(sha), upload, parts, sha)
+    moved = copy_blob(
+        source,
+        destination,
+        sha,
+        len(data),
+        tuning=CopyTuning(part_size=32 * MiB, concurrency=8),
+        upload_id=None,
+        remember_upload=lambda u: None,
+        progress=lambda n: None,
+    )
+    assert moved.moved == len(data) and moved.verified
+    assert isinstance(destination, S3Store) and destination.size_of(blob_key(sha)) == len(data)
+    from regions.artifacts.copier import verify_blob
+
+    verify_blob(destination, sha)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
+    world, home, make_region, s3_endpoints, tiny_model_dir
+):
+    from pathlib import Path
+
+    from regions.models import DeploymentTarget
+    from regions.reconciler import reconcile_target
+    from regions.services.deployments import deployment_create
+    from tests.regions.conftest import tiny_version
+    from tests.regions.test_reconciler import until_ready
+
+    files = sorted(p for p in tiny_model_dir.iterdir() if p.is_file())
+    manifest = [
+        {"path": p.name, "sha256": put_blob(home, p.read_bytes()), "size_bytes": p.stat().st_size}
+        for p in files
+    ]
+    version = tiny_version(principal(world.operator), tiny_model_dir)
+    type(version).objects.filter(pk=version.pk).update(
+        artifact_uri="s3://home/tiny-llama/", artifact_manifest=manifest
+    )
+    region = region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-tiny"))
+    state_dir = Path(region.driver_config["state_dir"])
+    deployment = deployment_create(
+        actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
+    )
+
+    reconcile_target(deployment.targets.get().pk)  # no worker has copied the weights yet: the region waits
+    target = DeploymentTarget.objects.get(deployment=deployment)
+    assert target.status == "waiting" and "waiting for artifacts" in target.last_error
+    assert not list(state_dir.glob("cp-*/replica-*.json"))  # no engine was started
+
+    assert replicate(ArtifactReplica.objects.get(version=version, region=region).pk).state == "ready"
+    target = until_ready(deployment)
+    cached = {p.name: p.read_bytes() for p in (state_dir / ".models").rglob("*") if p.is_file()}
+    assert cached == {p.name: p.read_bytes() for p in files}  # the engine runs from the regional copy
+    assert target.endpoints
