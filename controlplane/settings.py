@@ -235,6 +235,8 @@ ARTIFACT_COPY_TUNING = {
     "concurrency": env_int("ARTIFACT_COPY_CONCURRENCY", 8),
 }
 
+# Stream a version's weights into the home store when it is registered.
+ARTIFACT_INGEST_ON_REGISTER = env_bool("ARTIFACT_INGEST_ON_REGISTER", True)
 # Replicas of retired versions are deleted this long after retirement (never while deployed).
 ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 7)
 

@@ -31,3 +31,10 @@ def collect_artifact_garbage() -> list[str]:
     from regions.artifacts.services import collect_garbage
 
     return collect_garbage(timedelta(days=settings.ARTIFACT_RETENTION_DAYS))
+
+
+@shared_task(name="regions.tasks.ingest_artifact")
+def ingest_artifact(version_id: int) -> str:
+    from regions.artifacts.ingest import ingest
+
+    return ingest(version_id)

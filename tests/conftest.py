@@ -21,6 +21,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
     # Password hashing is deliberately slow; the suite creates many users.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Most tests register versions whose URIs point nowhere; ingest is tested on its own.
+    settings.ARTIFACT_INGEST_ON_REGISTER = False
 
 
 @pytest.fixture(autouse=True)

@@ -235,3 +235,24 @@ def transition_choices(version: ModelVersion) -> list[dict[str, Any]]:
         S.RETIRED: "no deployment using it",
     }
     return [{"to": to, "needs": needs.get(to, "")} for to in sorted(VERSION_TRANSITIONS[version.status])]
+
+
+def version_reject(*, actor: Principal, version: ModelVersion, reason: str) -> ModelVersion:
+    """Reject a version that cannot be trusted (e.g. its weights do not match their checksum)."""
+    if version.status not in (S.DRAFT, S.VALIDATING):
+        raise InvalidTransition(
+            f"{version} is {version.status}; only draft or validating versions are rejected."
+        )
+    with transaction.atomic():
+        left = version.status
+        _move(actor, version, S.REJECTED, reason)
+        audit_record(
+            actor=actor,
+            action="model_version.rejected",
+            target=version,
+            tenant=version.model.owner,
+            before={"status": left},
+            after={"status": S.REJECTED},
+            message=reason,
+        )
+    return version

@@ -1,7 +1,9 @@
 """Registering model versions (idempotently) and editing them while they are drafts."""
 
+from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -121,6 +123,14 @@ def _existing(model: RegisteredModel, version: str, sha256: str) -> ModelVersion
     return found
 
 
+def _enqueue_ingest(version: ModelVersion) -> None:
+    """Weights are streamed into the home store by a worker once the registration commits."""
+    if settings.ARTIFACT_INGEST_ON_REGISTER:
+        from regions.tasks import ingest_artifact
+
+        transaction.on_commit(partial(ingest_artifact.delay, version.pk))
+
+
 def version_register(
     *,
     actor: Principal,
@@ -146,6 +156,7 @@ def version_register(
     try:
         with transaction.atomic():
             candidate.save()
+            _enqueue_ingest(candidate)
             audit_record(
                 actor=actor,
                 action="model_version.registered",

@@ -248,3 +248,157 @@ def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
     cached = {p.name: p.read_bytes() for p in (state_dir / ".models").rglob("*") if p.is_file()}
     assert cached == {p.name: p.read_bytes() for p in files}  # the engine runs from the regional copy
     assert target.endpoints
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replica_api_matrix_retry_and_isolation(
+    world, chat_model, home, make_region, s3_endpoints, api, client
+):
+    data = os.urandom(MiB)
+    version = weights_version(world, chat_model, home, data)
+    type(version).objects.filter(pk=version.pk).update(status="production")
+    region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-api"))
+    alice, bob = api(world.alice), api(world.bob)
+    body = {"model": "acme/llama-3-8b", "version": "1.0.0", "region": "eu-west-1"}
+    assert bob.post("/api/v1/artifacts/replicas/", body, format="json").status_code == 404
+    requested = alice.post("/api/v1/artifacts/replicas/", body, format="json")
+    assert requested.status_code == 202 and requested.json()["state"] == "pending"
+    replica = ArtifactReplica.objects.get()
+    ArtifactReplica.objects.filter(pk=replica.pk).update(
+        state="failed", last_error="network down", attempts=5
+    )
+    matrix = alice.get("/api/v1/artifacts/matrix/").json()
+    assert matrix["regions"] == ["eu-west-1"]
+    assert matrix["rows"][0]["cells"]["eu-west-1"]["last_error"] == "network down"
+    assert bob.get("/api/v1/artifacts/matrix/").json() == {"regions": [], "rows": []}
+    assert bob.post(f"/api/v1/artifacts/replicas/{replica.pk}/retry/").status_code == 404
+    retried = alice.post(f"/api/v1/artifacts/replicas/{replica.pk}/retry/")
+    assert (
+        retried.status_code == 202
+        and retried.json()["state"] == "pending"
+        and retried.json()["attempts"] == 0
+    )
+    assert alice.post(f"/api/v1/artifacts/replicas/{replica.pk}/retry/").status_code == 409  # not failed now
+    assert replicate(replica.pk).state == "ready"
+    assert api(world.operator).get("/api/v1/artifacts/storage/").json() == {"eu-west-1": len(data)}
+    assert alice.get("/api/v1/artifacts/storage/").status_code == 403
+    client.force_login(world.bob)
+    assert "llama-3-8b" not in client.get("/regions/artifacts/").content.decode()
+    assert client.post(f"/regions/artifacts/{replica.pk}/retry/").status_code == 404
+    client.force_login(world.alice)
+    assert "acme/llama-3-8b@1.0.0" in client.get("/regions/artifacts/").content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_garbage_collection_spares_what_deployments_use(world, chat_model, home, make_region, s3_endpoints):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from regions.artifacts.services import collect_garbage
+    from regions.models import Deployment
+
+    data = os.urandom(MiB)
+    version = weights_version(world, chat_model, home, data)
+    region = region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-gc"))
+    assert replicate(replica_for(version, region).pk).state == "ready"
+    long_ago = timezone.now() - timedelta(days=30)
+    type(version).objects.filter(pk=version.pk).update(status="retired", status_changed_at=long_ago)
+    deployment = Deployment.objects.create(
+        owner=world.tenant_a,
+        name="old",
+        model=chat_model,
+        version=version,
+        gpu_type="L4",
+        created_by_name="test",
+    )
+    assert collect_garbage(timedelta(days=7)) == []  # still deployed: kept
+    store = store_from_config(region.object_store)
+    assert store.size_of(blob_key(version.artifact_sha256)) == len(data)
+    Deployment.objects.filter(pk=deployment.pk).update(state="deleted")
+    assert collect_garbage(timedelta(days=60)) == []  # retired too recently for this retention
+    assert collect_garbage(timedelta(days=7)) == [f"{version}@eu-west-1"]
+    assert store.size_of(blob_key(version.artifact_sha256)) is None and not ArtifactReplica.objects.exists()
+    assert AuditEvent.objects.filter(action="artifact.replica_deleted").count() == 1
+
+
+def test_ingest_from_a_directory_an_http_server_and_s3(
+    world, chat_model, home, s3_endpoints, tmp_path, monkeypatch
+):
+    import functools
+    import http.server
+    import threading
+
+    from regions.artifacts.ingest import ingest
+
+    model_dir = tmp_path / "src-model"
+    model_dir.mkdir()
+    files = {"config.json": b'{"model_type": "llama"}', "model.safetensors": os.urandom(7 * MiB)}
+    for name, content in files.items():
+        (model_dir / name).write_bytes(content)
+    manifest = [
+        {"path": n, "sha256": hashlib.sha256(c).hexdigest(), "size_bytes": len(c)} for n, c in files.items()
+    ]
+    actor = principal(world.alice)
+    from_dir = register(
+        chat_model, actor, "1.0.0", artifact_uri=f"file://{model_dir}", artifact_manifest=manifest
+    )
+    assert ingest(from_dir.pk) == "ingested"
+    assert all(home.size_of(blob_key(f["sha256"])) == f["size_bytes"] for f in manifest)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(model_dir))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        other = os.urandom(MiB)
+        (model_dir / "other.bin").write_bytes(other)
+        url = f"http://127.0.0.1:{server.server_address[1]}/other.bin"
+        from_http = register(
+            chat_model,
+            actor,
+            "2.0.0",
+            artifact_uri=url,
+            sha=hashlib.sha256(other).hexdigest(),
+            artifact_size_bytes=len(other),
+            artifact_manifest=[],
+        )
+        assert ingest(from_http.pk) == "ingested"
+    finally:
+        server.shutdown()
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoints[1], region_name="us-east-1")
+    s3.create_bucket(Bucket="vendor")
+    payload = os.urandom(2 * MiB)
+    s3.put_object(Bucket="vendor", Key="llama/weights.bin", Body=payload)
+    monkeypatch.setenv("ARTIFACT_SOURCE_S3_ENDPOINT", s3_endpoints[1])
+    from_s3 = register(
+        chat_model,
+        actor,
+        "3.0.0",
+        artifact_uri="s3://vendor/llama/weights.bin",
+        sha=hashlib.sha256(payload).hexdigest(),
+        artifact_size_bytes=len(payload),
+        artifact_manifest=[],
+    )
+    assert ingest(from_s3.pk) == "ingested"
+    assert b"".join(home.stream(blob_key(from_s3.artifact_sha256))) == payload
+
+
+def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, home, tmp_path):
+    from regions.artifacts.ingest import ingest
+
+    weights = tmp_path / "weights.bin"
+    weights.write_bytes(b"not what was declared")
+    version = register(
+        chat_model,
+        principal(world.alice),
+        "1.0.0",
+        artifact_uri=f"file://{weights}",
+        sha="e" * 64,
+        artifact_manifest=[],
+    )
+    assert ingest(version.pk) == "rejected"
+    version.refresh_from_db()
+    assert version.status == "rejected" and home.size_of(blob_key("e" * 64)) is None
+    event = AuditEvent.objects.get(action="model_version.rejected")
+    assert "checksum mismatch at ingest" in event.message

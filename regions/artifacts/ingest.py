@@ -1,0 +1,101 @@
+"""Ingest: stream a newly registered version's files from its source URI into the platform's home store.
+
+Sources: ``file://`` (a file or a model directory), ``s3://bucket/prefix`` (credentials and endpoint from
+the standard AWS variables, or ``ARTIFACT_SOURCE_S3_ENDPOINT``) and ``http(s)://``. Each file is hashed
+while it streams; a file whose SHA-256 differs from the one declared at registration is refused, the
+upload aborted, and the version rejected (audited, with the reason). Files already in the home store are
+not fetched again.
+"""
+
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
+
+import boto3
+import requests
+from django.conf import settings
+
+from controlplane.choices import AuditSource
+from controlplane.principal import Principal
+from regions.artifacts.replication import home_store
+from regions.artifacts.stores import ObjectStore, blob_key
+from regions.drivers.base import DriverError
+from registry.models import ModelVersion
+from registry.services.lifecycle import version_reject
+
+SYSTEM = Principal.system("ingest", source=AuditSource.TASK)
+
+
+def _files(version: ModelVersion) -> list[tuple[str, str, int]]:
+    """(source URI, sha256, size) of every file to ingest."""
+    base = version.artifact_uri.rstrip("/")
+    if version.artifact_manifest:
+        return [
+            (f"{base}/{f['path']}", f["sha256"], int(f.get("size_bytes", 0)))
+            for f in version.artifact_manifest
+            if "sha256" in f
+        ]
+    return [(version.artifact_uri, version.artifact_sha256, version.artifact_size_bytes)]
+
+
+def _read(uri: str, part_size: int) -> Iterator[bytes]:
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        with Path(parsed.path).open("rb") as handle:
+            while chunk := handle.read(part_size):
+                yield chunk
+    elif parsed.scheme in {"http", "https"}:
+        with requests.get(uri, stream=True, timeout=(5, 60)) as response:
+            response.raise_for_status()
+            yield from response.iter_content(part_size)
+    elif parsed.scheme == "s3":
+        client = boto3.client("s3", endpoint_url=os.environ.get("ARTIFACT_SOURCE_S3_ENDPOINT") or None)
+        body = client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
+        while chunk := body.read(part_size):
+            yield chunk
+    else:
+        raise DriverError(f"cannot ingest from {uri}", permanent=True)
+
+
+def _parts(chunks: Iterator[bytes], part_size: int) -> Iterator[bytes]:
+    buffer = b""
+    for chunk in chunks:
+        buffer += chunk
+        while len(buffer) >= part_size:
+            yield buffer[:part_size]
+            buffer = buffer[part_size:]
+    yield buffer
+
+
+def _ingest_file(home: ObjectStore, uri: str, sha256: str, part_size: int) -> None:
+    key = blob_key(sha256)
+    if home.size_of(key) is not None:
+        return
+    upload, digest, etags = home.begin(key), hashlib.sha256(), {}
+    try:
+        for number, part in enumerate(_parts(_read(uri, part_size), part_size), start=1):
+            digest.update(part)
+            if part or number == 1:
+                etags[number] = home.put_part(key, upload, number, part)
+    except BaseException:
+        home.abort(key, upload)
+        raise
+    if digest.hexdigest() != sha256:
+        home.abort(key, upload)
+        raise ValueError(f"{uri} has SHA-256 {digest.hexdigest()}, but {sha256} was declared")
+    home.complete(key, upload, etags, sha256)
+
+
+def ingest(version_id: int) -> str:
+    """Returns "ingested", or "rejected" when a file's checksum does not match its declaration."""
+    version = ModelVersion.objects.select_related("model__owner").get(pk=version_id)
+    home, part_size = home_store(), settings.ARTIFACT_COPY_TUNING["part_size"]
+    for uri, sha256, _ in _files(version):
+        try:
+            _ingest_file(home, uri, sha256, part_size)
+        except ValueError as exc:
+            version_reject(actor=SYSTEM, version=version, reason=f"checksum mismatch at ingest: {exc}")
+            return "rejected"
+    return "ingested"
