@@ -130,6 +130,7 @@ class DeploymentTarget(models.Model):
     last_transition_at = models.DateTimeField(default=timezone.now)
     observed_generation = models.PositiveIntegerField(default=0)
     applied_hash = models.CharField(max_length=64, blank=True)
+    cold_starts = models.JSONField(default=list, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now, db_index=True)
     lease_until = models.DateTimeField(null=True, blank=True)

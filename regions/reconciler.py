@@ -41,6 +41,7 @@ class Outcome:
     endpoints: tuple[str, ...] = ()
     error: str = ""
     applied_hash: str = ""
+    cold_starts: tuple[dict[str, float], ...] = ()
 
 
 def due_targets(region: Region) -> list[int]:
@@ -218,6 +219,7 @@ def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWor
         "ready": observed.ready_replicas,
         "endpoints": tuple(observed.endpoints),
         "applied_hash": spec.spec_hash,
+        "cold_starts": tuple(observed.cold_starts),
     }
     if observed.problem_is_permanent:
         return Outcome(TargetStatus.FAILED, error=observed.problem, **common)  # type: ignore[arg-type]
@@ -234,6 +236,7 @@ def _record(target: DeploymentTarget, outcome: Outcome) -> None:
     fields = {
         "ready_replicas": outcome.ready,
         "endpoints": list(outcome.endpoints),
+        "cold_starts": list(outcome.cold_starts),
         "last_error": outcome.error,
         "attempts": 0,
         "lease_until": None,

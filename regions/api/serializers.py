@@ -101,6 +101,7 @@ class TargetSerializer(serializers.ModelSerializer):
             "observed_generation",
             "attempts",
             "next_attempt_at",
+            "cold_starts",
         ]
 
 

@@ -53,6 +53,8 @@ class ObservedWorkload:
     needs_repair: bool = False
     problem: str = ""
     problem_is_permanent: bool = False
+    # Per ready replica: seconds from scheduling to weights cached and to engine ready (if known).
+    cold_starts: list[dict[str, float]] = field(default_factory=list)
 
 
 class WorkloadDriver(Protocol):

@@ -97,7 +97,9 @@ class ProcessDriver:
     def apply(self, spec: WorkloadSpec) -> None:
         folder = self.root / spec.name
         folder.mkdir(parents=True, exist_ok=True)
-        self._model_path(spec)  # fail early and permanently on an artifact we cannot reach
+        scheduled = time.time()
+        self._model_path(spec)  # fetch into the host cache; fails early on an artifact we cannot reach
+        self._timing = {"scheduled_at": scheduled, "cached_at": time.time()}
         (folder / "spec.json").write_text(
             json.dumps({"hash": spec.spec_hash, "replicas": spec.replicas, "spec": asdict(spec)})
         )
@@ -115,6 +117,7 @@ class ProcessDriver:
             return None
         desired = json.loads(spec_file.read_text())
         ready, endpoints, repair, problem, permanent = 0, [], False, "", False
+        cold_starts: list[dict[str, float]] = []
         for index in range(desired["replicas"]):
             state = self._read(folder, index)
             if state is None or state["hash"] != desired["hash"] or not _alive(state["pid"], state["port"]):
@@ -127,9 +130,24 @@ class ProcessDriver:
             if _healthy(self.config.host, state["port"]):
                 ready += 1
                 endpoints.append(f"http://{self.config.host}:{state['port']}")
+                cold_starts.append(self._cold_start(folder, index, state))
         return ObservedWorkload(
-            desired["hash"], desired["replicas"], ready, endpoints, repair, problem, permanent
+            desired["hash"], desired["replicas"], ready, endpoints, repair, problem, permanent, cold_starts
         )
+
+    def _cold_start(self, folder: Path, index: int, state: dict[str, Any]) -> dict[str, float]:
+        """Scheduled → weights cached → engine ready, in seconds (ready_at: the first healthy answer)."""
+        if "ready_at" not in state:
+            state["ready_at"] = time.time()
+            (folder / f"replica-{index}.json").write_text(json.dumps(state))
+        scheduled = state.get("scheduled_at", state["started_at"])
+        cached = state.get("cached_at", state["started_at"])
+        return {
+            "replica": index,
+            "weights_seconds": round(cached - scheduled, 2),
+            "engine_seconds": round(state["ready_at"] - state["started_at"], 2),
+            "total_seconds": round(state["ready_at"] - scheduled, 2),
+        }
 
     def delete(self, name: str) -> None:
         folder = self.root / name
@@ -206,6 +224,7 @@ class ProcessDriver:
             "restarts": restarts,
             "next_restart_at": time.time() + backoff,
             "exited_after": (previous or {}).get("exited_after"),
+            **getattr(self, "_timing", {}),
         }
         (folder / f"replica-{index}.json").write_text(json.dumps(state))
 

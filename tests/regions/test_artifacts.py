@@ -248,6 +248,8 @@ def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
     cached = {p.name: p.read_bytes() for p in (state_dir / ".models").rglob("*") if p.is_file()}
     assert cached == {p.name: p.read_bytes() for p in files}  # the engine runs from the regional copy
     assert target.endpoints
+    (cold_start,) = target.cold_starts  # scheduled → weights cached → engine ready, per replica
+    assert cold_start["total_seconds"] >= cold_start["weights_seconds"] >= 0 and cold_start["engine_seconds"] > 0
 
 
 @pytest.mark.django_db(transaction=True)

@@ -136,6 +136,14 @@ def seed_catalog(actor: Principal) -> None:
         },
         allowed_jurisdictions=["EU", "US"],
         data_classification="public",
+        artifact_manifest=[
+            {
+                "path": f.name,
+                "sha256": hashlib.sha256(f.read_bytes()).hexdigest(),
+                "size_bytes": f.stat().st_size,
+            }
+            for f in sorted(model_dir.iterdir())
+        ],
     )
     report_submit(actor=actor, version=version, metrics={})
     for state in ("validating", "validated", "staged", "canary", "production"):
@@ -145,7 +153,7 @@ def seed_catalog(actor: Principal) -> None:
 
 
 class Command(BaseCommand):
-    help = "Seed the demo tenants and users (idempotent)."
+    help = "Seed the demo tenants, users, regions and catalog model (idempotent)."
 
     @transaction.atomic
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -166,6 +174,8 @@ class Command(BaseCommand):
             if membership and not user.memberships.filter(tenant__slug=membership[0]).exists():
                 tenant = Tenant.objects.get(slug=membership[0])
                 membership_set(actor=actor, tenant=tenant, user=user, role=membership[1])
+        seed_regions(actor)
+        seed_catalog(actor)
         self.stdout.write(
             f"Demo world ready: tenants {', '.join(t['slug'] for t in TENANTS)}; "
             f"users {', '.join(u[0] for u in USERS)} (password {DEMO_PASSWORD})"
