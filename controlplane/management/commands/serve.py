@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -98,6 +99,24 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
         self.stdout.write("Stopped web, worker and scheduler.")
+        stopped = self._stop_local_engines()
+        if stopped:
+            self.stdout.write(f"Stopped {stopped} local engine workload(s); the next run starts them again.")
+
+    def _stop_local_engines(self) -> int:
+        """Engines of the local process regions outlive workers by design (like pods outlive a controller);
+        when the whole local control plane stops, they stop too instead of holding gigabytes of memory."""
+        from regions.choices import DriverKind
+        from regions.drivers.factory import default_state_dir, driver_for
+        from regions.models import Region
+
+        count = 0
+        for region in Region.objects.filter(driver=DriverKind.PROCESS):
+            root = Path(region.driver_config.get("state_dir") or default_state_dir(region.code))
+            for workload in root.glob("cp-*") if root.exists() else []:
+                driver_for(region).delete(workload.name)
+                count += 1
+        return count
 
     def _banner(self, bind: str) -> None:
         from regions.drivers.factory import engine_of
