@@ -237,6 +237,8 @@ ARTIFACT_COPY_TUNING = {
 
 # Stream a version's weights into the home store when it is registered.
 ARTIFACT_INGEST_ON_REGISTER = env_bool("ARTIFACT_INGEST_ON_REGISTER", True)
+# Start copying a version's weights into every allowed region with a store when it is staged.
+ARTIFACT_REPLICATE_ON_STAGED = env_bool("ARTIFACT_REPLICATE_ON_STAGED", True)
 # Replicas of retired versions are deleted this long after retirement (never while deployed).
 ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 7)
 

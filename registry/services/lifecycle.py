@@ -1,5 +1,6 @@
 """The version lifecycle: gated compare-and-set transitions, rollback, and the aliases that follow them."""
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -21,7 +22,7 @@ from registry.choices import (
 )
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, VersionTransition
 from registry.services.access import require_gate_override, require_on_model
-from registry.usage import version_users
+from registry.usage import TRANSITION_LISTENERS, version_users
 
 S = VersionStatus
 
@@ -134,6 +135,8 @@ def version_transition(
             message=reason,
             after={"status": to, "gate_override": used_override, "demoted": demoted},
         )
+        for listener in TRANSITION_LISTENERS:
+            transaction.on_commit(partial(listener, version, to))
     return version
 
 

@@ -249,7 +249,9 @@ def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
     assert cached == {p.name: p.read_bytes() for p in files}  # the engine runs from the regional copy
     assert target.endpoints
     (cold_start,) = target.cold_starts  # scheduled → weights cached → engine ready, per replica
-    assert cold_start["total_seconds"] >= cold_start["weights_seconds"] >= 0 and cold_start["engine_seconds"] > 0
+    assert (
+        cold_start["total_seconds"] >= cold_start["weights_seconds"] >= 0 and cold_start["engine_seconds"] > 0
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -404,3 +406,24 @@ def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, ho
     assert version.status == "rejected" and home.size_of(blob_key("e" * 64)) is None
     event = AuditEvent.objects.get(action="model_version.rejected")
     assert "checksum mismatch at ingest" in event.message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staging_a_version_starts_copies_ahead_only_where_it_may_be_stored(
+    world, chat_model, home, make_region, s3_endpoints
+):
+    from registry.services.lifecycle import version_transition
+    from registry.services.reports import report_submit
+    from tests.registry.conftest import GOOD_METRICS
+
+    actor = principal(world.alice)
+    version = weights_version(world, chat_model, home, os.urandom(MiB))  # allowed in EU and CH
+    eu = region_with_store(make_region, "eu-west-1", "EU", bucket(s3_endpoints[0], "eu-ahead"))
+    region_with_store(make_region, "us-east-1", "US", bucket(s3_endpoints[0], "us-ahead"))
+    make_region("eu-central-1", "EU")  # no object store: serves file:// artifacts, nothing to copy
+    report_submit(actor=actor, version=version, **GOOD_METRICS)
+    for state in ("validating", "validated"):
+        version_transition(actor=actor, version=version, to=state)
+    assert not ArtifactReplica.objects.exists()
+    version_transition(actor=actor, version=version, to="staged")
+    assert list(ArtifactReplica.objects.values_list("region__code", flat=True)) == [eu.code]
