@@ -24,7 +24,7 @@ from regions.choices import DeploymentState, ReplicaState, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
-from regions.workloads import workload_name, workload_spec
+from regions.workloads import effective_replicas, workload_name, workload_spec
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
@@ -150,7 +150,7 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
 
 def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
     """In a region with its own object store, engines start only from a verified copy of the weights there."""
-    if not target.region.object_store or workload_spec(target).replicas == 0:
+    if not target.region.object_store or effective_replicas(target) == 0:
         return None
     from regions.artifacts.replication import replica_for
     from regions.tasks import replicate_artifact

@@ -130,3 +130,16 @@ def estimate(
         fits=fits,
         notes=notes,
     )
+
+
+def sizing_of(version: Any) -> dict[str, Any]:
+    """The estimate for a registered model version (a ``registry.models.ModelVersion``)."""
+    return estimate(
+        parameter_count=version.parameter_count,
+        dtype=version.dtype,
+        quantization=version.quantization,
+        architecture=version.architecture,
+        context_length=version.max_context_length,
+        concurrency=version.sizing_concurrency,
+        engine_args=version.engine_args,
+    ).as_dict()

@@ -11,12 +11,12 @@ from controlplane.errors import ApplicationError
 from controlplane.principal import Principal
 from controlplane.views import page
 from registry import forms, selectors
-from registry.api.serializers import sizing_of
 from registry.diff import lineage, version_diff
 from registry.engine_args import render_flags
 from registry.models import RegisteredModel
 from registry.services import lifecycle, models
 from registry.services.access import require_gate_override
+from registry.sizing import sizing_of
 
 
 def _owners(p: Principal) -> list[tuple[str, str]]:

@@ -14,9 +14,9 @@ from controlplane.principal import Principal
 from regions.choices import RegionStatus
 from regions.models import Deployment, Region
 from regions.selectors import gpus_in_use, tenant_gpus_in_use
-from registry.api.serializers import sizing_of
 from registry.choices import VersionStatus
 from registry.models import ModelVersion
+from registry.sizing import sizing_of
 
 TENANT_DEPLOYABLE = frozenset({VersionStatus.PRODUCTION, VersionStatus.CANARY})
 OPERATOR_DEPLOYABLE = TENANT_DEPLOYABLE | {VersionStatus.STAGED}
@@ -45,11 +45,12 @@ def check_version_deployable(actor: Principal, version: ModelVersion) -> None:
 def default_gpu(version: ModelVersion, regions: list[Region]) -> tuple[str, int]:
     """The smallest fitting GPU type that some candidate region has, and how many a replica needs."""
     available = {pool.gpu_type for region in regions for pool in region.gpu_pools.all()}
-    for fit in sizing_of(version)["fits"]:
+    sizing = sizing_of(version)
+    for fit in sizing["fits"]:
         if fit["gpu_type"] in available:
             return fit["gpu_type"], fit["gpu_count"]
     raise Conflict(
-        f"No region has a GPU type that fits {version} (needs about {sizing_of(version)['total_gib']} GiB).",
+        f"No region has a GPU type that fits {version} (needs about {sizing['total_gib']} GiB).",
         code="no_capacity",
     )
 

@@ -16,7 +16,7 @@ from registry.models import (
     VersionTransition,
 )
 from registry.services.models import MODEL_FIELDS
-from registry.sizing import estimate
+from registry.sizing import sizing_of
 
 
 class ModelSerializer(serializers.ModelSerializer):
@@ -109,18 +109,6 @@ class VersionUpdateSerializer(VersionWriteSerializer):
         super().__init__(*args, partial=True, **kwargs)
         for name in ("version", "parent_version"):
             self.fields.pop(name)
-
-
-def sizing_of(version: ModelVersion) -> dict[str, Any]:
-    return estimate(
-        parameter_count=version.parameter_count,
-        dtype=version.dtype,
-        quantization=version.quantization,
-        architecture=version.architecture,
-        context_length=version.max_context_length,
-        concurrency=version.sizing_concurrency,
-        engine_args=version.engine_args,
-    ).as_dict()
 
 
 class VersionSerializer(serializers.ModelSerializer):
