@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
 RESYNC = timedelta(seconds=20)
 MAX_BACKOFF_SECONDS = 300
-MAX_REPLICATION_ATTEMPTS = 5
 SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
 
 
@@ -152,7 +151,7 @@ def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
     """In a region with its own object store, engines start only from a verified copy of the weights there."""
     if not target.region.object_store or effective_replicas(target) == 0:
         return None
-    from regions.artifacts.replication import replica_for
+    from regions.artifacts.replication import needs_attempt, replica_for
     from regions.tasks import replicate_artifact
 
     replica = replica_for(target.deployment.version, target.region)
@@ -160,8 +159,7 @@ def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
         return None
     if replica.state == ReplicaState.FORBIDDEN:
         return Outcome(TargetStatus.FAILED, error=f"weights may not be stored here: {replica.last_error}")
-    retry = replica.state in (ReplicaState.PENDING, ReplicaState.FAILED)
-    if retry and replica.attempts < MAX_REPLICATION_ATTEMPTS:
+    if needs_attempt(replica, timezone.now()):
         replicate_artifact.delay(replica.pk)
     detail = f" ({replica.last_error})" if replica.state == ReplicaState.FAILED else ""
     return Outcome(

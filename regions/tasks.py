@@ -22,6 +22,13 @@ def replicate_artifact(replica_id: int) -> str:
     return replicate(replica_id).state
 
 
+@shared_task(name="regions.tasks.resume_replication")
+def resume_replication() -> list[int]:
+    from regions.artifacts.replication import resume_replication
+
+    return resume_replication()
+
+
 @shared_task(name="regions.tasks.collect_artifact_garbage")
 def collect_artifact_garbage() -> list[str]:
     from datetime import timedelta

@@ -6,7 +6,7 @@ Residency fails closed: a region outside the version's allowed jurisdictions get
 """
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -26,6 +26,34 @@ from registry.models import ModelVersion
 
 SYSTEM = Principal.system("replicator", source=AuditSource.TASK)
 LEASE = timedelta(minutes=10)
+MAX_ATTEMPTS = 5
+FIRST_RETRY = timedelta(seconds=30)  # then doubling: 30 s, 1 min, 2 min, 4 min
+LOST_TASK = timedelta(minutes=2)  # a pending replica that long was never picked up
+
+
+def needs_attempt(replica: ArtifactReplica, now: datetime) -> bool:
+    """Whether a copy should be (re)started now: pending and not picked up; failed and past its backoff,
+    with attempts left; or copying under an expired lease, its worker dead (the copy resumes)."""
+    if replica.state == ReplicaState.PENDING:
+        return replica.attempts == 0 or replica.updated_at < now - LOST_TASK
+    if replica.state == ReplicaState.FAILED:
+        backoff = FIRST_RETRY * 2 ** max(replica.attempts - 1, 0)
+        return replica.attempts < MAX_ATTEMPTS and replica.updated_at <= now - backoff
+    if replica.state in (ReplicaState.COPYING, ReplicaState.VERIFYING):
+        return replica.lease_until is not None and replica.lease_until < now
+    return False
+
+
+def resume_replication() -> list[int]:
+    """The periodic pass: start every copy that needs an attempt, whether or not a deployment waits on it."""
+    from regions.tasks import replicate_artifact
+
+    now = timezone.now()
+    unfinished = ArtifactReplica.objects.exclude(state__in=[ReplicaState.READY, ReplicaState.FORBIDDEN])
+    due = [replica.pk for replica in unfinished if needs_attempt(replica, now)]
+    for replica_id in due:
+        replicate_artifact.delay(replica_id)
+    return due
 
 
 def home_store() -> ObjectStore:

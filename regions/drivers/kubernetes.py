@@ -136,6 +136,9 @@ def _engine_container(spec: WorkloadSpec) -> dict[str, Any]:
     }
 
 
+FETCH_CONTAINER = "fetch-model"
+
+
 def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
     """Fills the model cache from the region's own object store before the engine starts."""
     target = f"{MODELS_MOUNT}/{spec.name}"
@@ -151,7 +154,7 @@ def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any
     else:
         command = ["aws", "s3", "sync", "--only-show-errors", spec.model_uri, target]
     container: dict[str, Any] = {
-        "name": "fetch-model",
+        "name": FETCH_CONTAINER,
         "image": "amazon/aws-cli:2.17.0",
         "command": command,
         "volumeMounts": [{"name": "model-cache", "mountPath": MODELS_MOUNT}],
@@ -282,6 +285,27 @@ def _pod_problem(pod: Any) -> tuple[str, bool]:
     return "", False
 
 
+def _cold_start(index: int, pod: Any) -> dict[str, float] | None:
+    """Scheduled → weights cached (the fetch-model init container finished) → engine Ready, from the pod's
+    own condition and container timestamps, so it is what the kubelet saw, not when we happened to look."""
+    since = {c.type: c.last_transition_time for c in pod.status.conditions or [] if c.status == "True"}
+    scheduled, ready = since.get("PodScheduled"), since.get("Ready")
+    if not (scheduled and ready):
+        return None
+    fetched = [
+        status.state.terminated.finished_at
+        for status in pod.status.init_container_statuses or []
+        if status.name == FETCH_CONTAINER and status.state and status.state.terminated
+    ]
+    cached = fetched[0] if fetched and fetched[0] else scheduled
+    return {
+        "replica": index,
+        "weights_seconds": round((cached - scheduled).total_seconds(), 2),
+        "engine_seconds": round((ready - cached).total_seconds(), 2),
+        "total_seconds": round((ready - scheduled).total_seconds(), 2),
+    }
+
+
 class KubernetesDriver:
     def __init__(self, cfg: KubernetesConfig, api_client: client.ApiClient | None = None):
         self.cfg = cfg
@@ -331,6 +355,7 @@ class KubernetesDriver:
             problem, permanent = ("", False)
             if ready < (found.spec.replicas or 0):
                 problem, permanent = self._problem(name)
+            cold_starts = self._cold_starts(name) if ready else []
         endpoint = f"http://{service_name(name)}.{self.cfg.namespace}.svc.cluster.local:8000"
         annotations = (found.metadata.annotations if found.metadata else None) or {}
         return ObservedWorkload(
@@ -341,15 +366,24 @@ class KubernetesDriver:
             False,
             problem,
             permanent,
+            cold_starts,
         )
 
-    def _problem(self, name: str) -> tuple[str, bool]:
-        pods = self.core.list_namespaced_pod(
-            self.cfg.namespace,
-            label_selector=f"app.kubernetes.io/instance={name}",
-            _request_timeout=self.timeout,
+    def _pods(self, name: str) -> list[Any]:
+        return list(
+            self.core.list_namespaced_pod(
+                self.cfg.namespace,
+                label_selector=f"app.kubernetes.io/instance={name}",
+                _request_timeout=self.timeout,
+            ).items
         )
-        for pod in pods.items:
+
+    def _cold_starts(self, name: str) -> list[dict[str, float]]:
+        timings = (_cold_start(index, pod) for index, pod in enumerate(self._pods(name)))
+        return [timing for timing in timings if timing]
+
+    def _problem(self, name: str) -> tuple[str, bool]:
+        for pod in self._pods(name):
             problem = _pod_problem(pod)
             if problem[0]:
                 return problem

@@ -1,18 +1,26 @@
 """Artifact replication against real S3 HTTP endpoints (moto standalone servers) and the real boto3 client."""
 
 import hashlib
+import json
 import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
 
 import boto3
 import pytest
+from django.utils import timezone
 from moto.server import ThreadedMotoServer
 
 from controlplane.models import AuditEvent
 from regions.artifacts.copier import CopyTuning, copy_blob
-from regions.artifacts.replication import replica_for, replicate
+from regions.artifacts.replication import replica_for, replicate, resume_replication
 from regions.artifacts.stores import LocalStore, S3Store, blob_key, store_from_config
+from regions.drivers.base import DriverError
 from regions.models import ArtifactReplica
-from tests.conftest import principal
+from tests.conftest import child_env, principal, wait_for
 from tests.registry.conftest import register
 
 MiB = 1024 * 1024
@@ -117,39 +125,107 @@ class CrashAfter:
         return self.store.put_part(*args)
 
 
-def test_a_crashed_copy_resumes_without_recopying_finished_parts(s3_endpoints, tmp_path):
-    data = os.urandom(26 * MiB)
+COPY_IN_A_CHILD = """
+import sys
+import django
+django.setup()
+from pathlib import Path
+from regions.artifacts.copier import CopyTuning, copy_blob
+from regions.artifacts.stores import LocalStore, store_from_config
+root, endpoint, bucket, sha, size = sys.argv[1:]
+copy_blob(
+    LocalStore(Path(root)),
+    store_from_config({"kind": "s3", "bucket": bucket, "endpoint_url": endpoint}),
+    sha,
+    int(size),
+    tuning=CopyTuning(part_size=5 * 1024 * 1024, concurrency=1),
+    upload_id=None,
+    remember_upload=lambda u: None,
+    progress=lambda n: None,
+)
+"""
+
+
+def test_a_killed_copy_resumes_without_recopying_finished_parts(s3_endpoints, tmp_path):
+    """SIGKILL a worker mid-copy; the next attempt finds its upload and sends only the missing parts."""
+    data = os.urandom(8 * MiB) * 25  # 200 MiB, 40 parts
     source = LocalStore(tmp_path / "src")
     sha = put_blob(source, data)
     destination = store_from_config(bucket(s3_endpoints[1], "resume"))
-    saved: dict[str, str] = {}
-    one_at_a_time = CopyTuning(part_size=5 * MiB, concurrency=1)
-    with pytest.raises(Crash):
-        copy_blob(
-            source,
-            CrashAfter(destination, 2),
+    key = blob_key(sha)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            COPY_IN_A_CHILD,
+            str(source.root),
+            s3_endpoints[1],
+            "resume",
             sha,
-            len(data),
-            tuning=one_at_a_time,
-            upload_id=None,
-            remember_upload=lambda u: saved.update(id=u),
-            progress=lambda n: None,
-        )
-    assert len(destination.parts_done(blob_key(sha), saved["id"])) == 2
+            str(len(data)),
+        ],
+        env=child_env(),
+    )
+    try:
+        wait_for(lambda: len(_parts_of(destination, key)) >= 3, timeout=60, interval=0.02)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    time.sleep(0.5)  # a part in flight when the worker died may still land
+    already = _parts_of(destination, key)
+    assert 3 <= len(already) < 40 and destination.size_of(key) is None
     resumed = CrashAfter(destination, 100)
     moved = copy_blob(
         source,
         resumed,
         sha,
         len(data),
-        tuning=one_at_a_time,
-        upload_id=saved["id"],
+        tuning=CopyTuning(part_size=5 * MiB, concurrency=2),
+        upload_id=None,  # found by key: the killed worker never got to record it
         remember_upload=lambda u: None,
         progress=lambda n: None,
     )
-    assert resumed.calls == 4 and moved.moved == len(data) - 10 * MiB  # 6 parts, 2 were already there
-    assert moved.verified  # the parts' MD5s match the destination's ETags, the stream's SHA-256 matches
+    assert resumed.calls == 40 - len(already) and moved.moved == len(data) - 5 * MiB * len(already)
+    assert moved.verified
+    assert b"".join(destination.stream(key)) == data
+
+
+def _parts_of(store, key: str) -> dict[int, str]:
+    upload = store.pending_upload(key)
+    return store.parts_done(key, upload) if upload else {}
+
+
+def test_a_fresh_copy_into_s3_goes_through_the_upload_pipeline_and_checks_the_source(s3_endpoints, tmp_path):
+    source = LocalStore(tmp_path / "src")
+    data = os.urandom(12 * MiB)
+    sha = put_blob(source, data)
+    destination = store_from_config(bucket(s3_endpoints[1], "fresh"))
+    moved = copy_blob(
+        source,
+        destination,
+        sha,
+        len(data),
+        tuning=SMALL,
+        upload_id=None,
+        remember_upload=lambda u: None,
+        progress=lambda n: None,
+    )
+    assert moved.moved == len(data) and moved.verified
     assert b"".join(destination.stream(blob_key(sha))) == data
+    (source.root / blob_key(sha)).write_bytes(data[:-1] + b"!")  # same size, one byte of rot
+    destination.delete(blob_key(sha))
+    with pytest.raises(DriverError, match="checksum mismatch at the source"):
+        copy_blob(
+            source,
+            destination,
+            sha,
+            len(data),
+            tuning=SMALL,
+            upload_id=None,
+            remember_upload=lambda u: None,
+            progress=lambda n: None,
+        )
+    assert destination.size_of(blob_key(sha)) is None and destination.pending_upload(blob_key(sha)) is None
 
 
 def test_same_endpoint_copies_server_side(s3_endpoints):
@@ -427,3 +503,36 @@ def test_staging_a_version_starts_copies_ahead_only_where_it_may_be_stored(
     assert not ArtifactReplica.objects.exists()
     version_transition(actor=actor, version=version, to="staged")
     assert list(ArtifactReplica.objects.values_list("region__code", flat=True)) == [eu.code]
+
+
+@pytest.fixture
+def shared_home(home, monkeypatch):
+    """The home store, also for worker processes started after this fixture."""
+    monkeypatch.setenv("ARTIFACT_HOME_STORE", json.dumps({"kind": "local", "root": str(home.root)}))
+    return home
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_periodic_pass_resumes_dead_copies_and_retries_failures_after_their_backoff(
+    world, chat_model, shared_home, make_region, s3_endpoints, celery_worker
+):
+    version = weights_version(world, chat_model, shared_home, os.urandom(6 * MiB))
+    stores = {code: bucket(s3_endpoints[0], f"periodic-{code}") for code in ("a", "b", "c", "d")}
+    regions = {
+        code: region_with_store(make_region, f"eu-{code}-1", "EU", store) for code, store in stores.items()
+    }
+    past = timezone.now() - timedelta(minutes=30)
+    replicas = {code: replica_for(version, region) for code, region in regions.items()}
+    scenarios = {
+        "a": {"state": "copying", "lease_until": past},  # its worker died mid-copy
+        "b": {"state": "failed", "attempts": 2, "updated_at": past},  # due: backoff was 1 min
+        "c": {"state": "failed", "attempts": 5, "updated_at": past},  # out of attempts: an operator retries
+        "d": {"state": "failed", "attempts": 1, "updated_at": timezone.now()},  # backoff not over yet
+    }
+    for code, fields in scenarios.items():
+        ArtifactReplica.objects.filter(pk=replicas[code].pk).update(**fields)
+
+    assert sorted(resume_replication()) == sorted([replicas["a"].pk, replicas["b"].pk])
+    states = lambda: {c: ArtifactReplica.objects.get(pk=r.pk).state for c, r in replicas.items()}  # noqa: E731
+    wait_for(lambda: states()["a"] == states()["b"] == "ready", timeout=60)
+    assert states() == {"a": "ready", "b": "ready", "c": "failed", "d": "failed"}

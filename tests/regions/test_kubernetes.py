@@ -120,6 +120,10 @@ def test_deployment_converges_with_server_side_apply(kube, chat):
     assert ("services", "llm", f"{name}-engine") in kube.state.objects
     found = target(chat)
     assert found.status == "ready" and found.endpoints == [f"http://{name}-engine.llm.svc.cluster.local:8000"]
+    # From the pod's own timestamps: scheduled → fetch-model finished → Ready.
+    assert found.cold_starts == [
+        {"replica": 0, "weights_seconds": 42.0, "engine_seconds": 70.0, "total_seconds": 112.0}
+    ]
 
 
 def test_a_no_op_pass_issues_no_writes(kube, chat):
