@@ -54,19 +54,22 @@ class Scope(models.TextChoices):
     REGIONS_WRITE = "regions:write", "Manage regions, drain and disable them"
     BILLING_READ = "billing:read", "Read costs and budgets"
     BILLING_WRITE = "billing:write", "Manage prices and budgets"
+    MODELS_INVOKE = "models:invoke", "Call the tenant's models through the gateway"
+    GATEWAY_SYNC = "gateway:sync", "Fetch the gateway configuration (routes, token digests) and send usage"
 
 
 ALL_SCOPES = frozenset(Scope.values)
 READ_SCOPES = frozenset(s for s in Scope.values if s.endswith(":read"))
 # Scopes that only make sense across the platform; a tenant role never grants them.
 PLATFORM_ONLY_SCOPES = frozenset(
-    {Scope.USERS_WRITE, Scope.REGIONS_WRITE, Scope.BILLING_WRITE, Scope.TENANTS_WRITE}
+    {Scope.USERS_WRITE, Scope.REGIONS_WRITE, Scope.BILLING_WRITE, Scope.TENANTS_WRITE, Scope.GATEWAY_SYNC}
 )
 
 PLATFORM_ROLE_SCOPES: dict[str, frozenset[str]] = {
     PlatformRole.NONE: frozenset(),
     PlatformRole.ADMIN: ALL_SCOPES,
-    PlatformRole.OPERATOR: ALL_SCOPES - {Scope.USERS_WRITE, Scope.TENANTS_WRITE, Scope.MEMBERS_WRITE},
+    PlatformRole.OPERATOR: ALL_SCOPES
+    - {Scope.USERS_WRITE, Scope.TENANTS_WRITE, Scope.MEMBERS_WRITE, Scope.GATEWAY_SYNC},
     PlatformRole.AUDITOR: READ_SCOPES,
 }
 
@@ -81,6 +84,7 @@ TENANT_ROLE_SCOPES: dict[str, frozenset[str]] = {
             Scope.DEPLOYMENTS_READ,
             Scope.DEPLOYMENTS_WRITE,
             Scope.BILLING_READ,
+            Scope.MODELS_INVOKE,
         }
     ),
     TenantRole.VIEWER: frozenset(

@@ -36,6 +36,9 @@ class Tenant(models.Model):
         max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)]
     )
     budget_currency = models.CharField(max_length=3, default="USD")
+    # Enforced by every gateway process (per process: a fleet of N allows N times these).
+    requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

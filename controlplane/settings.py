@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "registry",
     "regions",
     "billing",
+    "routing",
 ]
 
 MIDDLEWARE = [

@@ -11,6 +11,7 @@ import requests
 from django.core.management import CommandError, call_command
 
 from controlplane.models import AuditEvent, Membership, Tenant, User
+from controlplane.services.tokens import token_authenticate
 from tests.conftest import child_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +39,8 @@ def test_commands_report_bad_input_without_writing(db):
     assert not User.objects.filter(username="ghost").exists()
 
 
-def test_seed_demo_is_idempotent(db):
+def test_seed_demo_is_idempotent(db, settings, tmp_path):
+    settings.VAR_DIR = tmp_path
     call_command("seed_demo")
     counts = (
         Tenant.objects.count(),
@@ -57,6 +59,11 @@ def test_seed_demo_is_idempotent(db):
     assert eu.residency == ["EU", "CH"] and us.residency == ["US"]
     assert Membership.objects.get(user__username="eu-admin").tenant == eu
     assert User.objects.get(username="operator").platform_role == "operator"
+    # Tokens for the local gateway and for each demo tenant's app, kept across re-seeds.
+    gateway = token_authenticate((tmp_path / "tokens" / "gateway").read_text().strip())
+    app = token_authenticate((tmp_path / "tokens" / "acme-eu").read_text().strip())
+    assert gateway.scopes == ["gateway:sync"] and gateway.service_account.tenant is None
+    assert app.scopes == ["models:invoke"] and app.service_account.tenant == eu
 
 
 def free_port() -> int:
@@ -69,11 +76,25 @@ def free_port() -> int:
 def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactional_db, tmp_path):
     # Seeded by a child process so passwords use the production hasher, not the suite's fast one.
     subprocess.run(
-        [sys.executable, "manage.py", "seed_demo"], cwd=ROOT, env=child_env(), check=True, timeout=120
+        [sys.executable, "manage.py", "seed_demo"],
+        cwd=ROOT,
+        env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path)),
+        check=True,
+        timeout=120,
     )
-    port = free_port()
+    port, gateway_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "manage.py", "serve", "--bind", f"127.0.0.1:{port}", "--web-workers", "1"],
+        [
+            sys.executable,
+            "manage.py",
+            "serve",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--web-workers",
+            "1",
+            "--gateway-port",
+            str(gateway_port),
+        ],
         cwd=ROOT,
         env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path)),
         stdout=subprocess.PIPE,
@@ -107,12 +128,28 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
         children = subprocess.run(
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
         ).stdout.split()
-        assert len(children) == 3  # web, worker, beat
+        assert len(children) == 5  # web, worker, beat, router, gateway
+        # A demo tenant calls the gateway with the token seed_demo left for it.
+        token = (tmp_path / "tokens" / "acme-eu").read_text().strip()
+
+        def models() -> requests.Response | None:
+            try:
+                reply = requests.get(
+                    f"http://127.0.0.1:{gateway_port}/v1/models",
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=5,
+                )
+            except requests.RequestException:
+                return None
+            return reply if reply.status_code != 503 else None  # 503: no route table fetched yet
+
+        listed = wait_for(models, timeout=60)
+        assert listed.status_code == 200 and listed.json()["object"] == "list"
     finally:
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output
-    assert "Demo password" in output and "Stopped web, worker and scheduler." in output
+    assert "Demo password" in output and "Stopped web, worker, scheduler, router and gateway." in output
     for child in children:
         assert not Path(f"/proc/{child}").exists() or _is_zombie(child), f"process {child} still running"
 

@@ -7,10 +7,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
-from controlplane.choices import AuditSource, PlatformRole, TenantRole
-from controlplane.models import Tenant, User
+from controlplane.choices import AuditSource, PlatformRole, Scope, TenantRole
+from controlplane.errors import ApplicationError
+from controlplane.models import ServiceAccount, Tenant, User
 from controlplane.principal import Principal
-from controlplane.services.tenants import membership_set, tenant_create
+from controlplane.services.tenants import membership_set, service_account_create, tenant_create
+from controlplane.services.tokens import token_authenticate, token_create
 from controlplane.services.users import user_create
 from regions.engines.tiny_model import write_tiny_model
 from regions.models import Region
@@ -99,6 +101,38 @@ def seed_regions(actor: Principal) -> None:
             )
 
 
+def seed_tokens(actor: Principal) -> None:
+    """The local gateway's token (gateway:sync) and one models:invoke token per demo tenant, in var/tokens/.
+
+    A file is rewritten only when its token no longer works, so re-seeding keeps tokens that clients use.
+    """
+    folder = settings.VAR_DIR / "tokens"
+    folder.mkdir(parents=True, exist_ok=True)
+    robots = [("gateway", None, PlatformRole.ADMIN, Scope.GATEWAY_SYNC)] + [
+        (spec["slug"], Tenant.objects.get(slug=spec["slug"]), TenantRole.DEVELOPER, Scope.MODELS_INVOKE)
+        for spec in TENANTS
+    ]
+    for file_name, tenant, role, scope in robots:
+        path = folder / file_name
+        if path.exists() and _works(path.read_text().strip()):
+            continue
+        name = "gateway" if tenant is None else "demo-app"
+        robot = ServiceAccount.objects.filter(tenant=tenant, name=name).first() or service_account_create(
+            actor=actor, name=name, role=role, tenant=tenant
+        )
+        _, raw = token_create(actor=actor, name=f"{name} (demo)", scopes=[scope], service_account=robot)
+        path.write_text(raw + "\n")
+        path.chmod(0o600)
+
+
+def _works(raw: str) -> bool:
+    try:
+        token_authenticate(raw)
+    except ApplicationError:
+        return False
+    return True
+
+
 def seed_catalog(actor: Principal) -> None:
     """A tiny random-weight Llama in the platform catalog, in production, allowed in the EU and the US."""
     model_dir = write_tiny_model(settings.VAR_DIR / "models" / "tiny-llama")
@@ -176,6 +210,7 @@ class Command(BaseCommand):
                 membership_set(actor=actor, tenant=tenant, user=user, role=membership[1])
         seed_regions(actor)
         seed_catalog(actor)
+        seed_tokens(actor)
         self.stdout.write(
             f"Demo world ready: tenants {', '.join(t['slug'] for t in TENANTS)}; "
             f"users {', '.join(u[0] for u in USERS)} (password {DEMO_PASSWORD})"

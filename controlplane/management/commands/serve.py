@@ -1,4 +1,5 @@
-"""Run the whole control plane in the foreground: web (gunicorn), Celery worker and Celery beat.
+"""Run the whole control plane in the foreground: web (gunicorn), Celery worker and beat, the routing loop
+and the gateway.
 
 Ctrl-C (or SIGTERM) stops everything it started; if any process dies, the others are stopped too.
 """
@@ -24,9 +25,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--bind", default=os.environ.get("CONTROLPLANE_BIND", "127.0.0.1:8000"))
         parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--gateway-port", type=int, default=int(os.environ.get("GATEWAY_PORT", "8080")))
 
-    def _commands(self, bind: str, web_workers: int) -> dict[str, list[str]]:
+    def _commands(self, bind: str, web_workers: int, gateway_port: int) -> dict[str, list[str]]:
         py = sys.executable
+        host = bind.rsplit(":", 1)[0]
         return {
             "web": [
                 py,
@@ -37,6 +40,9 @@ class Command(BaseCommand):
                 bind,
                 "--workers",
                 str(web_workers),
+                # Threads, so gateways' long-polls (up to 30 s each) never hold every worker.
+                "--threads",
+                "8",
                 "--access-logfile",
                 "-",
                 "--graceful-timeout",
@@ -57,6 +63,8 @@ class Command(BaseCommand):
                 "worker@%h",
             ],
             "beat": [py, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO"],
+            "router": [py, "manage.py", "route"],
+            "gateway": [py, "-m", "gateway", "--host", host, "--port", str(gateway_port)],
         }
 
     def _environment(self) -> dict[str, str]:
@@ -64,15 +72,23 @@ class Command(BaseCommand):
         metrics_dir = settings.VAR_DIR / "prometheus"
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True)
-        return {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        return {
+            **os.environ,
+            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+            # The gateway reaches the control plane over HTTP like any other gateway would.
+            "CONTROL_PLANE_URL": f"http://{self._bind}",
+            "GATEWAY_TOKEN_FILE": str(settings.VAR_DIR / "tokens" / "gateway"),
+            "GATEWAY_CACHE_FILE": str(settings.VAR_DIR / "gateway-routes.json"),
+        }
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        self._bind = opts["bind"]
         env = self._environment()
         procs = {
             name: subprocess.Popen(cmd, env=env, start_new_session=True)
-            for name, cmd in self._commands(opts["bind"], opts["web_workers"]).items()
+            for name, cmd in self._commands(opts["bind"], opts["web_workers"], opts["gateway_port"]).items()
         }
-        self._banner(opts["bind"])
+        self._banner(opts["bind"], opts["gateway_port"])
         stopping = False
 
         def stop(*_: Any) -> None:
@@ -98,7 +114,7 @@ class Command(BaseCommand):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
-        self.stdout.write("Stopped web, worker and scheduler.")
+        self.stdout.write("Stopped web, worker, scheduler, router and gateway.")
         stopped = self._stop_local_engines()
         if stopped:
             self.stdout.write(f"Stopped {stopped} local engine workload(s); the next run starts them again.")
@@ -118,7 +134,7 @@ class Command(BaseCommand):
                 count += 1
         return count
 
-    def _banner(self, bind: str) -> None:
+    def _banner(self, bind: str, gateway_port: int) -> None:
         from regions.drivers.factory import engine_of
         from regions.models import Region
 
@@ -131,5 +147,7 @@ class Command(BaseCommand):
             f"  Demo users:     {users}\n"
             f"  Demo password:  {DEMO_PASSWORD}\n"
             f"  Region engines: {engines}\n"
+            f"  Gateway:        http://{bind.rsplit(':', 1)[0]}:{gateway_port}/v1 (OpenAI-compatible)\n"
+            f"  Tenant tokens:  {settings.VAR_DIR / 'tokens'}/<tenant> (Authorization: Bearer …)\n"
             "  Worker and scheduler are running. Press Ctrl-C to stop everything.\n"
         )

@@ -1,0 +1,30 @@
+"""python -m gateway [--host 127.0.0.1] [--port 8080] [--workers 1]"""
+
+import argparse
+import logging
+
+import uvicorn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
+    uvicorn.run(
+        "gateway.app:app",
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,  # usage records are the request log; a line per request costs throughput
+        lifespan="on",
+        log_level="warning",
+    )
+
+
+if __name__ == "__main__":
+    main()

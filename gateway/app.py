@@ -1,0 +1,284 @@
+"""The ASGI application: OpenAI-compatible endpoints, authenticated, routed, metered, streamed."""
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from gateway.balancer import Ejections, candidates, pick
+from gateway.config import RouteCache, Settings
+from gateway.limits import Limits
+from gateway.usage import UsageShipper
+
+log = logging.getLogger("gateway")
+PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "content-length",
+    "content-encoding",
+    "server",
+    "date",
+}
+
+
+class Upstream5xx(Exception):
+    pass
+
+
+class Gateway:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.routes = RouteCache(settings)
+        self.limits = Limits()
+        self.ejections = Ejections(settings.ejection_seconds)
+        self.usage = UsageShipper(settings)
+        self.session: aiohttp.ClientSession | None = None
+        self.tasks: list[asyncio.Task[None]] = []
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.routes.load_from_disk()
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            timeout=aiohttp.ClientTimeout(
+                total=None,
+                connect=self.settings.connect_timeout_seconds,
+                sock_read=self.settings.upstream_timeout_seconds,
+            ),
+            auto_decompress=False,
+        )
+        self.tasks = [
+            asyncio.create_task(self.routes.follow(self.session)),
+            asyncio.create_task(self.usage.ship_forever(self.session)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        if self.session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
+            await self.session.close()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await self.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        await self.handle(scope, receive, send)
+
+    # --- requests --------------------------------------------------------------------------------------
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        reply = Reply(send, request_id)
+        path, method = scope["path"], scope["method"]
+        if path == "/healthz":
+            return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
+        if not self.routes.body:
+            return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
+        tenant = self._authenticate(headers)
+        if tenant is None:
+            return await reply.error(
+                401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
+            )
+        view = self.routes.view(tenant)
+        if path == "/v1/models" and method == "GET":
+            models = [{"id": name, "object": "model", "owned_by": tenant} for name in view["models"]]
+            return await reply.json(200, {"object": "list", "data": models})
+        if path not in PROXIED or method != "POST":
+            return await reply.error(404, f"No route for {method} {path}.", "not_found")
+        body = await _read_body(receive)
+        try:
+            payload = json.loads(body)
+            name = str(payload["model"])
+        except (ValueError, KeyError, TypeError):
+            return await reply.error(400, "The body must be JSON with a 'model' field.", "invalid_request")
+        route = view["models"].get(name)
+        if route is None:
+            return await reply.error(
+                404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
+            )
+        if not route["endpoints"]:
+            return await reply.error(
+                503, route.get("unavailable", "No region can serve this model."), "residency_unavailable"
+            )
+        refused = self.limits.admit(tenant, view.get("limits", {}))
+        if refused:
+            return await reply.error(
+                429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
+            )
+        await self._proxy(reply, tenant, name, route, path, payload, headers, view.get("limits", {}))
+
+    def _authenticate(self, headers: dict[str, str]) -> str | None:
+        auth = headers.get("authorization", "")
+        if not auth.lower().startswith("bearer "):
+            return None
+        digest = hashlib.sha256(auth[7:].strip().encode()).hexdigest()
+        return self.routes.tenant_of(digest, headers.get("openai-organization"))
+
+    async def _proxy(
+        self,
+        reply: "Reply",
+        tenant: str,
+        name: str,
+        route: dict[str, Any],
+        path: str,
+        payload: dict[str, Any],
+        headers: dict[str, str],
+        limits: dict[str, int],
+    ) -> None:
+        assert self.session is not None
+        stream = bool(payload.get("stream"))
+        if stream and path != "/v1/embeddings":
+            payload.setdefault("stream_options", {})["include_usage"] = (
+                True  # so the last event counts tokens
+            )
+        affinity = headers.get("x-session-id") or payload.get("user")
+        started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
+        last_error = ""
+        for attempt in range(1, self.settings.max_attempts + 1):
+            tier = candidates(route["endpoints"], self.ejections, tried)
+            if not tier:
+                break
+            endpoint = pick(tier, affinity)
+            tried.add(endpoint["url"])
+            payload["model"] = endpoint["served_model"]
+            try:
+                usage, status = await self._forward(reply, endpoint, path, payload, stream)
+            except (TimeoutError, aiohttp.ClientConnectionError, Upstream5xx) as exc:
+                if reply.started:  # bytes already reached the client: nothing safe to retry
+                    log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
+                    return
+                self.ejections.eject(endpoint["url"])
+                last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
+                continue
+            tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            self.limits.spend_tokens(tenant, limits, tokens)
+            self.usage.record(
+                {
+                    "request_id": reply.request_id,
+                    "tenant": tenant,
+                    "model_name": name,
+                    "region": endpoint["region"],
+                    "deployment": endpoint["deployment"],
+                    "version": endpoint["version"],
+                    "artifact_sha256": endpoint.get("artifact_sha256", ""),
+                    "endpoint": endpoint["url"],
+                    "status": status,
+                    "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+                    "completion_tokens": int(usage.get("completion_tokens", 0)),
+                    "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
+                    "attempts": attempt,
+                    "stream": stream,
+                    "started_at": wall.isoformat(),
+                }
+            )
+            return
+        await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
+
+    async def _forward(
+        self, reply: "Reply", endpoint: dict[str, Any], path: str, payload: dict[str, Any], stream: bool
+    ) -> tuple[dict[str, Any], int]:
+        assert self.session is not None
+        data = json.dumps(payload).encode()
+        async with self.session.post(
+            endpoint["url"] + path,
+            data=data,
+            headers={"Content-Type": "application/json", "X-Request-Id": reply.request_id},
+        ) as upstream:
+            if upstream.status >= 500:
+                raise Upstream5xx(f"answered {upstream.status}")
+            extra = {
+                "x-served-region": endpoint["region"],
+                "x-model-version": endpoint["version"],
+            }
+            content_type = upstream.headers.get("Content-Type", "application/json")
+            if stream and content_type.startswith("text/event-stream"):
+                await reply.start(upstream.status, content_type, extra)
+                usage: dict[str, Any] = {}
+                tail = b""
+                async for chunk in upstream.content.iter_any():
+                    await reply.chunk(chunk)
+                    tail = (tail + chunk)[-4096:]  # the usage event is the last one before [DONE]
+                await reply.chunk(b"", more=False)
+                return _usage_from_events(tail), upstream.status
+            body = await upstream.read()
+            await reply.start(upstream.status, content_type, extra, length=len(body))
+            await reply.chunk(body, more=False)
+            try:
+                usage = json.loads(body).get("usage") or {}
+            except (ValueError, AttributeError):
+                usage = {}
+            return usage, upstream.status
+
+
+def _usage_from_events(tail: bytes) -> dict[str, Any]:
+    for line in reversed(tail.split(b"\n")):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                return json.loads(line[6:]).get("usage") or {}
+            except ValueError:
+                return {}
+    return {}
+
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+class Reply:
+    """The response side of one ASGI request."""
+
+    def __init__(self, send: Any, request_id: str):
+        self.send, self.request_id, self.started = send, request_id, False
+
+    async def start(
+        self, status: int, content_type: str, extra: dict[str, str], length: int | None = None
+    ) -> None:
+        headers = [(b"content-type", content_type.encode()), (b"x-request-id", self.request_id.encode())]
+        headers += [(k.encode(), v.encode()) for k, v in extra.items()]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        self.started = True
+
+    async def chunk(self, data: bytes, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        await self.start(status, "application/json", {}, length=len(data))
+        await self.chunk(data, more=False)
+
+    async def error(self, status: int, message: str, code: str) -> None:
+        """OpenAI's error shape, which its client libraries parse and show."""
+        kind = "invalid_request_error" if status < 500 else "service_unavailable"
+        await self.json(
+            status, {"error": {"message": message, "type": kind, "code": code, "request_id": self.request_id}}
+        )
+
+
+app = Gateway(Settings.from_env())

@@ -1,0 +1,109 @@
+"""The route table as the gateway holds it: fetched by long-poll with ETags, kept on disk."""
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+log = logging.getLogger("gateway")
+
+
+@dataclass
+class Settings:
+    control_plane: str
+    token: str
+    cache_file: Path | None
+    long_poll_seconds: int = 25
+    upstream_timeout_seconds: float = 600.0  # long generations: minutes, not Envoy's 15 s default
+    connect_timeout_seconds: float = 2.0
+    max_attempts: int = 3
+    ejection_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        token = os.environ.get("GATEWAY_TOKEN", "")
+        token_file = os.environ.get("GATEWAY_TOKEN_FILE", "")
+        if not token and token_file and Path(token_file).exists():
+            token = Path(token_file).read_text().strip()
+        cache = os.environ.get("GATEWAY_CACHE_FILE", "")
+        return cls(
+            control_plane=os.environ.get("CONTROL_PLANE_URL", "http://127.0.0.1:8000").rstrip("/"),
+            token=token,
+            cache_file=Path(cache) if cache else None,
+            upstream_timeout_seconds=float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")),
+        )
+
+
+@dataclass
+class RouteCache:
+    settings: Settings
+    body: dict[str, Any] = field(default_factory=dict)
+    etag: str = ""
+    generation: int = 0
+    fetched_at: float = 0.0
+
+    def load_from_disk(self) -> None:
+        path = self.settings.cache_file
+        if path and path.exists():
+            saved = json.loads(path.read_text())
+            self.body, self.etag, self.generation = saved["body"], saved["etag"], saved["generation"]
+            log.info("route table #%s loaded from %s", self.generation, path)
+
+    def _save(self) -> None:
+        path = self.settings.cache_file
+        if path:
+            partial = path.with_suffix(".partial")
+            partial.write_text(
+                json.dumps({"body": self.body, "etag": self.etag, "generation": self.generation})
+            )
+            partial.replace(path)  # atomic: a crash never leaves half a table
+
+    def tenant_of(self, digest: str, requested: str | None) -> str | None:
+        credential = self.body.get("credentials", {}).get(digest)
+        if not credential or (credential.get("expires") and credential["expires"] < time.time()):
+            return None
+        tenants = credential["tenants"]
+        if requested:
+            return requested if requested in tenants else None
+        return tenants[0] if len(tenants) == 1 else None
+
+    def view(self, tenant: str) -> dict[str, Any]:
+        return self.body.get("tenants", {}).get(tenant, {"models": {}, "limits": {}})
+
+    async def fetch(self, session: aiohttp.ClientSession, wait: int) -> bool:
+        """One conditional (long-poll) request; True when a new table arrived."""
+        headers = {"Authorization": f"Bearer {self.settings.token}"}
+        if self.etag:
+            headers["If-None-Match"] = f'"{self.etag}"'
+        url = f"{self.settings.control_plane}/api/v1/routing/gateway-config/?wait={wait}"
+        timeout = aiohttp.ClientTimeout(total=wait + 10)
+        async with session.get(url, headers=headers, timeout=timeout) as reply:
+            if reply.status == 304:
+                self.fetched_at = time.time()
+                return False
+            reply.raise_for_status()
+            data = await reply.json()
+        self.body, self.etag, self.generation = data["table"], data["etag"], data["generation"]
+        self.fetched_at = time.time()
+        self._save()
+        log.info("route table #%s", self.generation)
+        return True
+
+    async def follow(self, session: aiohttp.ClientSession) -> None:
+        """Keep the table fresh; on errors keep the last one and retry (the control plane may be down)."""
+        wait = 0  # the first fetch answers at once
+        while True:
+            try:
+                await self.fetch(session, wait)
+                wait = self.settings.long_poll_seconds
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: keep serving from the last table
+                log.warning("route table fetch failed (serving generation %s): %s", self.generation, exc)
+                await asyncio.sleep(1.0)

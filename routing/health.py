@@ -1,0 +1,135 @@
+"""Active health checks and load signals for every ready engine endpoint.
+
+Timings, against Envoy's outlier detection defaults (5 consecutive 5xx, 10 s interval, 30 s base
+ejection): Envoy infers health passively from live traffic, so it needs several errors before it acts. We
+probe ``/health`` every second with a 0.5 s timeout, so 2 consecutive failures eject an endpoint within
+about 2 s of it dying, and 3 consecutive successes (3 s) restore it, enough to ride out an engine that
+answers once while restarting. Gateways cover the gap passively: a connect error or a 5xx before the
+first byte is retried on the next endpoint and that endpoint is skipped for 30 s (Envoy's base ejection),
+so no client request fails while the table catches up.
+
+Load comes from vLLM's own gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
+``vllm:kv_cache_usage_perc``): from the region's Prometheus through prometheus-api-client when the region
+names one, else from each endpoint's ``/metrics``.
+"""
+
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
+
+from regions.choices import DeploymentState
+from regions.models import DeploymentTarget, Region
+from routing import services
+from routing.models import RouteTable
+
+FAILURES_TO_EJECT = 2
+SUCCESSES_TO_RESTORE = 3
+PROBE_INTERVAL_SECONDS = 1.0
+PROBE_TIMEOUT_SECONDS = 0.5
+GAUGES = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache",
+}
+
+
+def probe(url: str) -> tuple[bool, str, float | None]:
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS) as reply:
+            ok = reply.status == 200
+            return ok, "" if ok else f"/health answered {reply.status}", (time.perf_counter() - started) * 1e3
+    except urllib.error.HTTPError as exc:
+        return False, f"/health answered {exc.code}", None
+    except (OSError, ValueError) as exc:
+        return False, f"/health failed: {getattr(exc, 'reason', exc)}", None
+
+
+def load_from_metrics(url: str) -> dict[str, float]:
+    """Sum vLLM's gauges over engines from one endpoint's /metrics (no Prometheus in the region)."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=PROBE_TIMEOUT_SECONDS) as reply:
+            text = reply.read().decode()
+    except (OSError, ValueError):
+        return {}
+    load: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        key = GAUGES.get(family.name)
+        for sample in family.samples if key else []:
+            load[str(key)] = load.get(str(key), 0.0) + float(sample.value)
+    return load
+
+
+def load_from_prometheus(prometheus_url: str, urls: list[str]) -> dict[str, dict[str, float]]:
+    """{endpoint url: gauges} for the endpoints Prometheus scrapes (matched on the instance label)."""
+    by_instance = {urlsplit(url).netloc: url for url in urls}
+    found: dict[str, dict[str, float]] = {}
+    prometheus = PrometheusConnect(url=prometheus_url, disable_ssl=True)
+    for metric, key in GAUGES.items():
+        for series in prometheus.custom_query(f"sum by (instance) ({metric})"):
+            url = by_instance.get(series["metric"].get("instance", ""))
+            if url:
+                found.setdefault(url, {})[key] = float(series["value"][1])
+    return found
+
+
+def _endpoints() -> list[tuple[str, Region]]:
+    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
+        "region"
+    )
+    return [(url, target.region) for target in targets for url in target.endpoints]
+
+
+def _loads(endpoints: list[tuple[str, Region]], pool: ThreadPoolExecutor) -> dict[str, dict[str, float]]:
+    by_region: dict[str, list[str]] = {}
+    regions = {}
+    for url, region in endpoints:
+        by_region.setdefault(region.code, []).append(url)
+        regions[region.code] = region
+    loads: dict[str, dict[str, float]] = {}
+    for code, urls in by_region.items():
+        prometheus = regions[code].prometheus_url
+        if prometheus:
+            try:
+                loads.update(load_from_prometheus(prometheus, urls))
+                continue
+            except Exception:  # Prometheus down: ask the endpoints themselves
+                pass
+        loads.update(zip(urls, pool.map(load_from_metrics, urls), strict=True))
+    return loads
+
+
+def check_all() -> int:
+    """Probe every ready endpoint once; returns how many changed state."""
+    endpoints = _endpoints()
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(probe, [url for url, _ in endpoints]))
+        loads = _loads(endpoints, pool)
+    changed = 0
+    for (url, region), (ok, error, latency) in zip(endpoints, results, strict=True):
+        changed += services.record_health(url, region, ok, error, latency, loads.get(url, {}))
+    services.forget_endpoints(url for url, _ in endpoints)
+    return changed
+
+
+def cycle() -> RouteTable:
+    """One round of the routing loop: probe, then publish the table if anything it depends on changed."""
+    check_all()
+    return services.publish()
+
+
+def run_forever(interval: float = PROBE_INTERVAL_SECONDS, rounds: int | None = None) -> None:
+    done = 0
+    while rounds is None or done < rounds:
+        started = time.monotonic()
+        try:
+            cycle()
+        except Exception:  # one bad round (a database restart) must not stop routing
+            services.log.exception("routing round failed")
+        done += 1
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))

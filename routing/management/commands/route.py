@@ -1,0 +1,18 @@
+"""Run the routing loop: probe every endpoint each second, publish the route table when it changes."""
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from routing.health import PROBE_INTERVAL_SECONDS, run_forever
+
+
+class Command(BaseCommand):
+    help = "Probe engine endpoints and publish the route table (part of `serve`)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--interval", type=float, default=PROBE_INTERVAL_SECONDS)
+        parser.add_argument("--rounds", type=int, default=None, help="stop after this many (default: never)")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        run_forever(opts["interval"], opts["rounds"])

@@ -1,0 +1,148 @@
+"""The route table, computed from a snapshot of the platform: pure functions, no database.
+
+For every tenant and every model name it may call (its deployments' names), the endpoints that may serve
+it, in priority tiers and with weights. Residency is a hard filter; everything else is a preference:
+
+- eligible: the deployment is ready in the region, the region is active, its jurisdiction is inside both
+  the tenant's residency and the version's allowed jurisdictions, the weights are verified there, and the
+  endpoint is healthy;
+- priority: regions ordered by distance from the tenant's home region (nearest first), then by price,
+  then by code: a gateway sends to the lowest tier that has an endpoint left, so traffic stays home
+  and moves to the next compliant region only when home has nothing healthy;
+- weight (1-100, within a tier): load headroom from vLLM's own gauges (waiting requests count four times
+  a running one, KV-cache usage above 90 % halves the weight).
+
+A name with no eligible endpoint keeps an entry with an empty endpoint list and the reason, so gateways
+answer 503 naming the residency constraint instead of spilling into a region outside it.
+"""
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str
+    healthy: bool = True
+    running: float = 0.0  # vllm:num_requests_running
+    waiting: float = 0.0  # vllm:num_requests_waiting
+    kv_cache: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One deployment in one region, with what the route computation needs to know about both."""
+
+    tenant: str
+    name: str  # what clients put in "model"
+    deployment_id: int
+    version: str  # "model@1.2.0"
+    served_model: str  # what the engine answers to
+    artifact_sha256: str
+    allowed_jurisdictions: frozenset[str]
+    region: str
+    jurisdiction: str
+    region_active: bool
+    ready: bool
+    weights_verified: bool
+    endpoints: tuple[Endpoint, ...] = ()
+    location: tuple[float, float] | None = None  # latitude, longitude
+    gpu_hour_price: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    slug: str
+    residency: frozenset[str]
+    home: tuple[float, float] | None = None  # the home region's location
+    limits: dict[str, int] = field(default_factory=dict)  # requests_per_minute, tokens_per_minute
+
+
+def weight(endpoint: Endpoint) -> int:
+    """Headroom in 1..100: an idle engine gets 100, a queue pushes it down fast."""
+    pressure = endpoint.running + 4 * endpoint.waiting
+    value = 100 / (1 + pressure / 8)
+    if endpoint.kv_cache > 0.9:
+        value /= 2
+    return max(1, round(value))
+
+
+def distance_km(a: tuple[float, float] | None, b: tuple[float, float] | None) -> float:
+    """Great-circle distance; unknown locations sort after known ones."""
+    if a is None or b is None:
+        return math.inf
+    lat1, lon1, lat2, lon2 = map(math.radians, (*a, *b))
+    h = math.sin((lat2 - lat1) / 2) ** 2 + math.cos(lat1) * math.cos(lat2) * math.sin((lon2 - lon1) / 2) ** 2
+    return 2 * 6371 * math.asin(min(1.0, math.sqrt(h)))
+
+
+def _why_not(policy: TenantPolicy, placement: Placement) -> str:
+    """Why a placement cannot serve this tenant ('' when it can)."""
+    if placement.jurisdiction not in policy.residency:
+        return f"{placement.region} ({placement.jurisdiction}) is outside the tenant's residency"
+    if placement.jurisdiction not in placement.allowed_jurisdictions:
+        return f"{placement.region} ({placement.jurisdiction}) is outside the version's allowed jurisdictions"
+    if not placement.region_active:
+        return f"{placement.region} is draining or disabled"
+    if not placement.ready:
+        return f"{placement.region} is not ready"
+    if not placement.weights_verified:
+        return f"{placement.region} has no verified copy of the weights"
+    if not any(e.healthy for e in placement.endpoints):
+        return f"{placement.region} is unhealthy"
+    return ""
+
+
+def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, object]:
+    """The route of one model name for one tenant."""
+    mine = sorted(
+        placements,
+        key=lambda p: (distance_km(policy.home, p.location), p.gpu_hour_price or Decimal(0), p.region),
+    )
+    eligible = [p for p in mine if not _why_not(policy, p)]
+    endpoints = [
+        {
+            "url": endpoint.url,
+            "region": placement.region,
+            "priority": tier,
+            "weight": weight(endpoint),
+            "deployment": placement.deployment_id,
+            "version": placement.version,
+            "served_model": placement.served_model,
+            "artifact_sha256": placement.artifact_sha256,
+        }
+        for tier, placement in enumerate(eligible)
+        for endpoint in placement.endpoints
+        if endpoint.healthy
+    ]
+    compliant = [p for p in mine if p.jurisdiction in policy.residency & p.allowed_jurisdictions]
+    # Where the traffic goes when everything is healthy: moving back there is a failback.
+    entry: dict[str, object] = {"endpoints": endpoints, "preferred": compliant[0].region if compliant else ""}
+    if not endpoints:
+        allowed = ", ".join(sorted(policy.residency)) or "none"
+        reasons = "; ".join(_why_not(policy, p) for p in mine) or "not deployed"
+        entry["unavailable"] = (
+            f"no healthy region within the tenant's data residency ({allowed}) can serve this model: "
+            f"{reasons}"
+        )
+    return entry
+
+
+def route_table(
+    policies: Iterable[TenantPolicy], placements: Iterable[Placement]
+) -> dict[str, dict[str, object]]:
+    """{tenant: {"models": {name: route}, "limits": {...}}} for every tenant."""
+    by_tenant: dict[str, dict[str, list[Placement]]] = {}
+    for placement in placements:
+        by_tenant.setdefault(placement.tenant, {}).setdefault(placement.name, []).append(placement)
+    return {
+        policy.slug: {
+            "limits": dict(policy.limits),
+            "models": {
+                name: route(policy, found) for name, found in sorted(by_tenant.get(policy.slug, {}).items())
+            },
+        }
+        for policy in sorted(policies, key=lambda p: p.slug)
+    }

@@ -1,0 +1,92 @@
+"""What each caller may see of routing: operators everything, tenants their own routes and events."""
+
+import time
+from typing import Any
+
+from django.db.models import QuerySet
+
+from controlplane.choices import Scope
+from controlplane.models import Tenant
+from controlplane.principal import Principal
+from routing import services
+from routing.models import EndpointHealth, RouteTable, RoutingEvent
+from routing.routes import route_table
+
+LONG_POLL_LIMIT = 30.0
+
+
+def visible_tenants(principal: Principal) -> set[str] | None:
+    """None: every tenant (an operator)."""
+    if principal.sees_all(Scope.DEPLOYMENTS_READ):
+        return None
+    ids = principal.tenant_ids_with(Scope.DEPLOYMENTS_READ)
+    return set(Tenant.objects.filter(pk__in=ids).values_list("slug", flat=True))
+
+
+def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:
+    allowed = visible_tenants(principal)
+    return tenants if allowed is None else {slug: view for slug, view in tenants.items() if slug in allowed}
+
+
+def table_after(etag: str, wait: float) -> RouteTable:
+    """The newest table, waiting up to ``wait`` seconds for one whose ETag differs from ``etag``."""
+    deadline = time.monotonic() + min(max(wait, 0.0), LONG_POLL_LIMIT)
+    while True:
+        table = services.current() or services.publish()
+        if table.etag != etag or time.monotonic() >= deadline:
+            return table
+        time.sleep(0.2)
+
+
+def endpoint_health(principal: Principal) -> QuerySet[EndpointHealth]:
+    found = EndpointHealth.objects.select_related("region")
+    if principal.sees_all(Scope.DEPLOYMENTS_READ):
+        return found
+    table = services.current()
+    views = tenants_view(principal, table.body.get("tenants", {})) if table else {}
+    urls = {
+        e["url"] for view in views.values() for route in view["models"].values() for e in route["endpoints"]
+    }
+    return found.filter(url__in=urls)
+
+
+def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:
+    found = RoutingEvent.objects.select_related("tenant")
+    if principal.sees_all(Scope.DEPLOYMENTS_READ):
+        return found
+    return found.filter(tenant_id__in=principal.tenant_ids_with(Scope.DEPLOYMENTS_READ))
+
+
+def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
+    """If ``region_code`` failed: which tenants' models would lose service, and which would lose capacity."""
+    policies, placements = services.policies(), services.placements()
+    failed = [p if p.region != region_code else _down(p) for p in placements]
+    before = tenants_view(principal, route_table(policies, placements))
+    after = tenants_view(principal, route_table(policies, failed))
+    impact = []
+    for slug, view in sorted(before.items()):
+        for name, route in sorted(view["models"].items()):
+            now = after[slug]["models"][name]
+            lost = [e for e in route["endpoints"] if e["region"] == region_code]
+            if not lost and route["endpoints"]:
+                continue
+            if not route["endpoints"]:
+                continue  # already unavailable; the region changes nothing
+            impact.append(
+                {
+                    "tenant": slug,
+                    "model": name,
+                    "effect": "loses service" if not now["endpoints"] else "loses capacity",
+                    "endpoints_before": len(route["endpoints"]),
+                    "endpoints_after": len(now["endpoints"]),
+                    "served_from_after": sorted({e["region"] for e in now["endpoints"]}),
+                    "reason": now.get("unavailable", ""),
+                }
+            )
+    return impact
+
+
+def _down(placement: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(placement, region_active=False)

@@ -1,0 +1,294 @@
+"""End to end: engines in three local regions, the routing loop's functions, the live control plane over
+HTTP and the gateway as its own process (uvicorn), called like an OpenAI client would."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+
+from billing.models import UsageRecord
+from controlplane.choices import PlatformRole, Scope
+from controlplane.services.tenants import service_account_create
+from controlplane.services.tokens import token_create
+from regions.models import DeploymentTarget
+from regions.services.deployments import deployment_create
+from routing import health, services
+from routing.models import RouteTable, RoutingEvent
+from tests.conftest import child_env, principal, wait_for
+from tests.regions.conftest import tiny_version
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7), "us-east-1": (38.9, -77.0)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Gateway:
+    def __init__(self, control_plane: str, token: str, cache: Path, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = child_env(CONTROL_PLANE_URL=control_plane, GATEWAY_TOKEN=token, GATEWAY_CACHE_FILE=str(cache))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "--port", str(self.port)],
+            env=env,
+            stdout=log.open("a"),
+            stderr=subprocess.STDOUT,
+        )
+        wait_for(self._has_table, timeout=30)
+
+    def _has_table(self) -> bool:
+        try:
+            return bool(requests.get(f"{self.url}/healthz", timeout=1).json()["generation"])
+        except (requests.RequestException, ValueError):
+            return False
+
+    def generation(self) -> int:
+        return int(requests.get(f"{self.url}/healthz", timeout=1).json()["generation"])
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=20)
+
+
+def chat(gateway: Gateway, token: str, model: str = "chat", **extra):  # type: ignore[no-untyped-def]
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 8,
+        **extra,
+    }
+    return requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: ignore[no-untyped-def]
+    """acme (EU, CH) runs `chat` in eu-west-1 (its home) and eu-central-1; a US region exists too."""
+    regions = {}
+    for code, jurisdiction in (("eu-west-1", "EU"), ("eu-central-1", "EU"), ("us-east-1", "US")):
+        region = make_region(code, jurisdiction)
+        region.latitude, region.longitude = LOCATIONS[code]
+        region.save()
+        regions[code] = region
+    world.tenant_a.home_region = "eu-west-1"
+    world.tenant_a.save()
+    version = tiny_version(principal(world.operator), tiny_model_dir)
+    deployment = deployment_create(
+        actor=principal(world.alice),
+        owner=world.tenant_a,
+        name="chat",
+        model=version.model,
+        version="1.0.0",
+        regions=["eu-west-1", "eu-central-1"],
+        min_regions=2,
+    )
+    wait_for(lambda: _all_ready(deployment), timeout=60, interval=0.3)
+    robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
+    _, gateway_token = token_create(
+        actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
+    )
+    invoke = {}
+    for user in (world.alice, world.bob):
+        _, invoke[user.username] = token_create(
+            actor=principal(user),
+            name="app",
+            scopes=[Scope.MODELS_INVOKE, Scope.DEPLOYMENTS_READ, Scope.BILLING_READ],
+        )
+    health.cycle()
+    gateway = Gateway(live_server.url, gateway_token, tmp_path / "routes.json", tmp_path / "gateway.log")
+    yield {
+        "gateway": gateway,
+        "deployment": deployment,
+        "regions": regions,
+        "tokens": invoke,
+        "live": live_server,
+    }
+    gateway.stop()
+
+
+def _all_ready(deployment) -> bool:  # type: ignore[no-untyped-def]
+    from tests.regions.conftest import converge
+
+    converge(deployment)
+    targets = DeploymentTarget.objects.filter(deployment=deployment)
+    return targets.count() == 2 and all(t.status == "ready" for t in targets)
+
+
+def _kill_engines(region, deployment) -> None:  # type: ignore[no-untyped-def]
+    from tests.regions.test_reconciler import replica_pids
+
+    for pid in replica_pids(region, deployment):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_an_eu_tenant_is_served_at_home_streams_and_is_metered_exactly_once(world, fleet):
+    gateway, alice = fleet["gateway"], fleet["tokens"]["alice"]
+    replies = [chat(gateway, alice) for _ in range(5)]
+    assert all(r.status_code == 200 for r in replies), replies[0].text
+    assert {r.headers["x-served-region"] for r in replies} == {"eu-west-1"}  # home first
+    assert replies[0].headers["x-model-version"] == "tiny-llama@1.0.0"
+    request_id = replies[0].headers["x-request-id"]
+
+    with requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={
+            "model": "chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 16,
+            "stream": True,
+        },
+        headers={"Authorization": f"Bearer {alice}"},
+        stream=True,
+        timeout=30,
+    ) as streamed:
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+    assert len(events) > 3 and events[-1] == b"data: [DONE]"
+
+    wait_for(lambda: UsageRecord.objects.count() == 6, timeout=20)
+    time.sleep(2.5)  # two more shipping rounds: nothing is sent twice
+    assert UsageRecord.objects.count() == 6
+    record = UsageRecord.objects.get(request_id=request_id)
+    assert record.tenant == world.tenant_a and record.region == "eu-west-1" and record.prompt_tokens > 0
+    assert record.deployment == fleet["deployment"] and len(record.artifact_sha256) == 64
+    streamed_record = UsageRecord.objects.get(stream=True)
+    assert streamed_record.completion_tokens > 0  # from the stream's final usage event
+
+    trace = requests.get(
+        f"{fleet['live'].url}/api/v1/usage/{request_id}/",
+        headers={"Authorization": f"Bearer {alice}"},
+        timeout=5,
+    )
+    assert trace.status_code == 200 and trace.json()["region"] == "eu-west-1"
+    assert trace.json()["deployment"] == "chat" and trace.json()["version"] == "tiny-llama@1.0.0"
+    other = requests.get(
+        f"{fleet['live'].url}/api/v1/usage/{request_id}/",
+        headers={"Authorization": f"Bearer {fleet['tokens']['bob']}"},
+        timeout=5,
+    )
+    assert other.status_code == 404  # another tenant's request id does not exist for bob
+
+
+def test_other_tenants_and_bad_tokens_are_refused(world, fleet):
+    gateway = fleet["gateway"]
+    assert (
+        chat(gateway, fleet["tokens"]["bob"]).status_code == 404
+    )  # globex has no `chat`: acme's is invisible
+    assert chat(gateway, "cpt_nope_nope").status_code == 401
+    models = requests.get(
+        f"{gateway.url}/v1/models", headers={"Authorization": f"Bearer {fleet['tokens']['bob']}"}, timeout=5
+    ).json()
+    assert models["data"] == []
+    bad = requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        data="{not json",
+        headers={"Authorization": f"Bearer {fleet['tokens']['alice']}"},
+        timeout=5,
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_request"
+
+
+def test_killing_the_home_region_moves_traffic_without_a_failed_request_then_fails_closed(world, fleet):
+    gateway, alice, deployment = fleet["gateway"], fleet["tokens"]["alice"], fleet["deployment"]
+    _kill_engines(fleet["regions"]["eu-west-1"], deployment)
+    killed = time.monotonic()
+    first = chat(gateway, alice)
+    first_elsewhere = time.monotonic() - killed
+    assert first.status_code == 200 and first.headers["x-served-region"] == "eu-central-1"
+    assert first_elsewhere < 2.0  # the gateway retried on the next compliant region at once
+    with ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda _: chat(gateway, alice), range(20)))
+    assert [r.status_code for r in replies] == [200] * 20  # retried before the first byte, never failed
+    assert {r.headers["x-served-region"] for r in replies} == {"eu-central-1"}
+    for _ in range(3):
+        health.cycle()  # the prober ejects eu-west-1 (2 failures) and the table fails over
+    assert RoutingEvent.objects.filter(
+        kind="failover", from_region="eu-west-1", to_region="eu-central-1"
+    ).exists()
+
+    _kill_engines(fleet["regions"]["eu-central-1"], deployment)
+    for _ in range(3):
+        health.cycle()
+    generation = RouteTable.objects.order_by("-generation").first().generation
+    wait_for(lambda: gateway.generation() == generation, timeout=10)  # long-poll brings it at once
+    refused = chat(gateway, alice)
+    assert refused.status_code == 503
+    error = refused.json()["error"]
+    assert error["code"] == "residency_unavailable" and "data residency (CH, EU)" in error["message"]
+    assert RoutingEvent.objects.filter(kind="unavailable").exists()
+
+
+def test_the_gateway_keeps_serving_from_its_cached_table_when_the_control_plane_is_down(fleet, tmp_path):
+    alice = fleet["tokens"]["alice"]
+    cache = tmp_path / "routes.json"
+    assert json.loads(cache.read_text())["generation"] >= 1
+    fleet["gateway"].stop()
+    dead_control_plane = f"http://127.0.0.1:{free_port()}"
+    again = Gateway(dead_control_plane, "irrelevant", cache, tmp_path / "gateway2.log")
+    try:
+        reply = chat(again, alice)
+        assert reply.status_code == 200 and reply.headers["x-served-region"] == "eu-west-1"
+    finally:
+        again.stop()
+        fleet["gateway"].proc = subprocess.Popen(["true"])  # the fixture's stop() has one to wait for
+
+
+def test_rate_limits_per_tenant(world, fleet):
+    world.tenant_a.requests_per_minute = 3
+    world.tenant_a.save()
+    generation = services.publish().generation
+    wait_for(lambda: fleet["gateway"].generation() == generation, timeout=10)
+    codes = [chat(fleet["gateway"], fleet["tokens"]["alice"]).status_code for _ in range(5)]
+    assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
+
+
+def test_route_table_api_is_tenant_scoped_conditional_and_exported(world, fleet, api):
+    services.publish()
+    mine = api(world.alice).get("/api/v1/routing/table/")
+    assert mine.status_code == 200 and set(mine.json()["tenants"]) == {world.tenant_a.slug}
+    assert mine.json()["tenants"][world.tenant_a.slug]["models"]["chat"]["endpoints"]
+    theirs = api(world.bob).get("/api/v1/routing/table/")
+    assert set(theirs.json()["tenants"]) == {world.tenant_b.slug}  # nothing of acme's
+    again = api(world.alice).get("/api/v1/routing/table/", HTTP_IF_NONE_MATCH=mine["ETag"])
+    assert again.status_code == 304
+    assert (
+        api(world.alice).get("/api/v1/routing/gateway-config/").status_code == 403
+    )  # token digests: gateways only
+    assert api(world.operator).get("/api/v1/routing/gateway-config/").status_code == 403
+    assert "credentials" in api(world.admin).get("/api/v1/routing/gateway-config/").json()["table"]
+    nginx = api(world.alice).get("/api/v1/routing/export/nginx/")
+    assert nginx.status_code == 200 and f"upstream {world.tenant_a.slug}__chat" in nginx.content.decode()
+    assert "backup" in nginx.content.decode()  # eu-central-1 takes over only when eu-west-1 is down
+    assert world.tenant_a.slug not in api(world.bob).get("/api/v1/routing/export/nginx/").content.decode()
+    impact = api(world.operator).get("/api/v1/routing/what-if/?region=eu-west-1").json()["impact"]
+    assert impact == [
+        {
+            "tenant": world.tenant_a.slug,
+            "model": "chat",
+            "effect": "loses capacity",
+            "endpoints_before": 2,
+            "endpoints_after": 1,
+            "served_from_after": ["eu-central-1"],
+            "reason": "",
+        }
+    ]
+    assert api(world.bob).get("/api/v1/routing/what-if/?region=eu-west-1").json()["impact"] == []
+    assert api(world.operator).get("/api/v1/routing/what-if/?region=nowhere").status_code == 400
+    assert api(world.bob).get("/api/v1/routing/health/").json() == []
+    assert len(api(world.operator).get("/api/v1/routing/health/").json()) == 2
