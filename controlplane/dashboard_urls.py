@@ -5,7 +5,6 @@ from controlplane import views
 app_name = "dashboard"
 
 CAPABILITIES = [
-    ("routing", "Routing", "#6"),
     ("costs", "Costs", "#7"),
 ]
 

@@ -23,6 +23,7 @@ urlpatterns = [
     path("registry/", include("registry.urls")),
     path("regions/", include("regions.urls")),
     path("deployments/", include("regions.deployment_urls")),
+    path("routing/", include("routing.dashboard_urls")),
     path("", include("controlplane.dashboard_urls")),
 ]
 

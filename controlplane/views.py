@@ -64,7 +64,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Registry", "registry:catalog", Scope.REGISTRY_READ in scopes),
         ("Regions", "regions:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Deployments", "deployments:list", Scope.DEPLOYMENTS_READ in scopes),
-        ("Routing", "dashboard:routing", Scope.DEPLOYMENTS_READ in scopes),
+        ("Routing", "routing:routing", Scope.DEPLOYMENTS_READ in scopes),
         ("Costs", "dashboard:costs", Scope.BILLING_READ in scopes),
         ("Audit", "dashboard:audit", Scope.AUDIT_READ in scopes),
         ("Tenants", "dashboard:tenants", Scope.TENANTS_READ in scopes),

@@ -37,6 +37,7 @@ class Settings:
             token=token,
             cache_file=Path(cache) if cache else None,
             upstream_timeout_seconds=float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")),
+            long_poll_seconds=int(os.environ.get("GATEWAY_LONG_POLL_SECONDS", "25")),
         )
 
 

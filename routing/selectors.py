@@ -8,6 +8,8 @@ from django.db.models import QuerySet
 from controlplane.choices import Scope
 from controlplane.models import Tenant
 from controlplane.principal import Principal
+from regions.models import DeploymentTarget
+from regions.selectors import deployments_for
 from routing import services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import route_table
@@ -42,12 +44,9 @@ def endpoint_health(principal: Principal) -> QuerySet[EndpointHealth]:
     found = EndpointHealth.objects.select_related("region")
     if principal.sees_all(Scope.DEPLOYMENTS_READ):
         return found
-    table = services.current()
-    views = tenants_view(principal, table.body.get("tenants", {})) if table else {}
-    urls = {
-        e["url"] for view in views.values() for route in view["models"].values() for e in route["endpoints"]
-    }
-    return found.filter(url__in=urls)
+    # Their deployments' endpoints, unhealthy ones included (those are no longer in the route table).
+    targets = DeploymentTarget.objects.filter(deployment__in=deployments_for(principal))
+    return found.filter(url__in={url for urls in targets.values_list("endpoints", flat=True) for url in urls})
 
 
 def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:

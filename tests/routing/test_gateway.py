@@ -39,7 +39,12 @@ class Gateway:
     def __init__(self, control_plane: str, token: str, cache: Path, log: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = child_env(CONTROL_PLANE_URL=control_plane, GATEWAY_TOKEN=token, GATEWAY_CACHE_FILE=str(cache))
+        env = child_env(
+            CONTROL_PLANE_URL=control_plane,
+            GATEWAY_TOKEN=token,
+            GATEWAY_CACHE_FILE=str(cache),
+            GATEWAY_LONG_POLL_SECONDS="2",  # a poll still open when a test ends would outlive its database
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--port", str(self.port)],
             env=env,
@@ -134,7 +139,7 @@ def _kill_engines(region, deployment) -> None:  # type: ignore[no-untyped-def]
     from tests.regions.test_reconciler import replica_pids
 
     for pid in replica_pids(region, deployment):
-        os.kill(pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)  # the engine and its children (vLLM's engine core)
 
 
 def test_an_eu_tenant_is_served_at_home_streams_and_is_metered_exactly_once(world, fleet):

@@ -1,0 +1,277 @@
+"""Gateway overhead: our gateway against nginx as a reverse proxy and LiteLLM's proxy, one run, one machine.
+
+Every side forwards the same OpenAI chat-completion request to the same fast upstream (nginx answering a
+fixed chat-completion JSON), so what is measured is what the proxy adds. wrk is the load generator.
+
+- direct: wrk → upstream (the floor);
+- nginx: wrk → nginx reverse proxy (keepalive) → upstream (the near-limit reference);
+- gateway (1 and 2 workers): wrk → `python -m gateway` with auth (token digest), routing (the route
+  table) and usage metering on (records shipped every second to a stub control plane that accepts them);
+- litellm: wrk → LiteLLM proxy (one worker) → upstream, when ``--litellm`` names its executable
+  (install it in a venv of its own: ``pip install 'litellm[proxy]==1.106.12'``).
+
+    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--litellm /opt/litellm-venv/bin/litellm]
+
+Needs Debian's nginx and wrk (``apt-get install nginx-light wrk``).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "sk-bench-" + "x" * 48  # LiteLLM's master key and a tenant token of our gateway
+ANSWER = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 1764000000,
+    "model": "chat",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "a fixed answer"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+}
+BODY = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def nginx_conf(folder: Path, upstream: int, proxy: int) -> Path:
+    answer = json.dumps(ANSWER).replace("'", "\\'")
+    conf = folder / "nginx.conf"
+    conf.write_text(
+        f"""
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {folder}/body; proxy_temp_path {folder}/proxy;
+  fastcgi_temp_path {folder}/fcgi; uwsgi_temp_path {folder}/uwsgi; scgi_temp_path {folder}/scgi;
+  keepalive_requests 1000000;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{upstream};
+    location / {{ default_type application/json; return 200 '{answer}'; }}
+  }}
+  server {{
+    listen 127.0.0.1:{proxy};
+    location / {{
+      proxy_pass http://engine; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"""
+    )
+    return conf
+
+
+STUB_CONTROL_PLANE = """
+import asyncio, json, sys
+from aiohttp import web
+table = json.loads(sys.argv[2])
+received = 0
+async def config(request):
+    if request.headers.get("If-None-Match", "").strip('"') == table["etag"]:
+        await asyncio.sleep(float(request.query.get("wait", 0)))
+        return web.Response(status=304)
+    return web.json_response(table)
+async def usage(request):
+    global received
+    received += len((await request.json())["records"])
+    return web.json_response({"accepted": received})
+app = web.Application()
+app.router.add_get("/api/v1/routing/gateway-config/", config)
+app.router.add_post("/api/v1/usage/", usage)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def gateway_table(upstream: int) -> dict[str, object]:
+    endpoint = {
+        "url": f"http://127.0.0.1:{upstream}",
+        "region": "local-1",
+        "priority": 0,
+        "weight": 100,
+        "deployment": 1,
+        "version": "bench@1.0.0",
+        "served_model": "chat",
+        "artifact_sha256": "0" * 64,
+    }
+    body = {
+        "tenants": {
+            "bench": {"limits": {}, "models": {"chat": {"endpoints": [endpoint], "preferred": "local-1"}}}
+        },
+        "credentials": {
+            hashlib.sha256(TOKEN.encode()).hexdigest(): {
+                "tenants": ["bench"],
+                "token": "bench000",
+                "expires": None,
+            }
+        },
+    }
+    return {"generation": 1, "etag": "bench", "table": body}
+
+
+def wrk(port: int, connections: int, seconds: int, script: Path) -> dict[str, float]:
+    threads = 1 if connections == 1 else 2
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{threads}",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--latency",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+    def percentile(p: str) -> float:
+        value, unit = re.search(rf"^\s+{p}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()  # type: ignore[union-attr]
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    return {
+        "p50": percentile("50"),
+        "p99": percentile("99"),
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "errors": float(errors.group(1)) if errors else 0.0,
+    }
+
+
+def measure(name: str, port: int, seconds: int, script: Path, results: dict[str, dict[str, float]]) -> None:
+    wait_port(port)
+    wrk(port, 4, 2, script)  # warm up (connections, JIT-free but caches)
+    one = wrk(port, 1, seconds, script)
+    many = wrk(port, 32, seconds, script)
+    results[name] = {
+        "c1_p50": one["p50"],
+        "c32_p50": many["p50"],
+        "c32_p99": many["p99"],
+        "rps": many["rps"],
+        "errors": one["errors"] + many["errors"],
+    }
+    print(f"  measured {name}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--litellm", default="", help="path of LiteLLM's `litellm` executable")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    script = folder / "chat.lua"
+    script.write_text(
+        'wrk.method = "POST"\n'
+        f"wrk.body = '{BODY}'\n"
+        'wrk.headers["Content-Type"] = "application/json"\n'
+        f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
+    )
+    upstream, proxy, control = free_port(), free_port(), free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, dict[str, float]] = {}
+
+    def start(cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+        )
+        procs.append(proc)
+        return proc
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.terminate()
+        proc.wait(timeout=30)
+        procs.remove(proc)
+
+    try:
+        start(["nginx", "-c", str(nginx_conf(folder, upstream, proxy)), "-g", "daemon off;"])
+        start([sys.executable, "-c", STUB_CONTROL_PLANE, str(control), json.dumps(gateway_table(upstream))])
+        wait_port(control)
+        measure("direct (upstream)", upstream, args.seconds, script, results)
+        measure("nginx reverse proxy", proxy, args.seconds, script, results)
+        for workers in (1, 2):
+            port = free_port()
+            gateway = start(
+                [sys.executable, "-m", "gateway", "--port", str(port), "--workers", str(workers)],
+                CONTROL_PLANE_URL=f"http://127.0.0.1:{control}",
+                GATEWAY_TOKEN="bench",
+            )
+            time.sleep(2)  # route table fetched
+            measure(
+                f"our gateway, {workers} worker{'s' if workers > 1 else ''}",
+                port,
+                args.seconds,
+                script,
+                results,
+            )
+            stop(gateway)
+        if args.litellm:
+            port = free_port()
+            config = folder / "litellm.yaml"
+            config.write_text(
+                "model_list:\n  - model_name: chat\n    litellm_params:\n      model: openai/chat\n"
+                f"      api_base: http://127.0.0.1:{upstream}/v1\n      api_key: none\n"
+            )
+            litellm = start(
+                [args.litellm, "--config", str(config), "--port", str(port), "--num_workers", "1"],
+                LITELLM_LOCAL_MODEL_COST_MAP="True",
+                LITELLM_MASTER_KEY=TOKEN,  # auth on, as on our side
+            )
+            wait_port(port, timeout=180)
+            time.sleep(3)
+            measure("LiteLLM proxy 1 worker", port, args.seconds, script, results)
+            stop(litellm)
+    finally:
+        for proc in list(procs):
+            proc.terminate()
+            proc.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    floor = results["direct (upstream)"]["c1_p50"]
+    print(
+        f"\n{'side':<26} {'c=1 p50':>9} {'added':>8} {'c=32 p50':>9} {'c=32 p99':>9} "
+        f"{'req/s':>8} {'errors':>7}"
+    )
+    for name, r in results.items():
+        added = r["c1_p50"] - floor
+        print(
+            f"{name:<26} {r['c1_p50']:>7.2f}ms {added:>6.2f}ms {r['c32_p50']:>7.2f}ms {r['c32_p99']:>7.2f}ms "
+            f"{r['rps']:>8.0f} {r['errors']:>7.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

