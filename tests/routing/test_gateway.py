@@ -254,13 +254,36 @@ def test_the_gateway_keeps_serving_from_its_cached_table_when_the_control_plane_
         fleet["gateway"].proc = subprocess.Popen(["true"])  # the fixture's stop() has one to wait for
 
 
-def test_rate_limits_per_tenant(world, fleet):
-    world.tenant_a.requests_per_minute = 3
-    world.tenant_a.save()
+def _republish(fleet) -> None:  # type: ignore[no-untyped-def]
     generation = services.publish().generation
     wait_for(lambda: fleet["gateway"].generation() == generation, timeout=10)
+
+
+def test_rate_limits_per_tenant_on_requests_and_tokens(world, fleet):
+    world.tenant_a.requests_per_minute = 3
+    world.tenant_a.save()
+    _republish(fleet)
     codes = [chat(fleet["gateway"], fleet["tokens"]["alice"]).status_code for _ in range(5)]
     assert codes[:3] == [200, 200, 200] and codes[3:] == [429, 429]
+
+    world.tenant_a.requests_per_minute, world.tenant_a.tokens_per_minute = None, 10
+    world.tenant_a.save()
+    _republish(fleet)
+    first = chat(fleet["gateway"], fleet["tokens"]["alice"], max_tokens=16)  # spends more than 10 tokens
+    assert first.status_code == 200 and first.json()["usage"]["total_tokens"] > 10
+    refused = chat(fleet["gateway"], fleet["tokens"]["alice"])
+    assert refused.status_code == 429 and "tokens per minute (10)" in refused.json()["error"]["message"]
+
+
+def test_a_revoked_token_is_refused_once_the_table_moves_on(world, fleet):
+    from controlplane.models import ApiToken
+    from controlplane.services.tokens import token_digest, token_revoke
+
+    alice = fleet["tokens"]["alice"]
+    assert chat(fleet["gateway"], alice).status_code == 200
+    token_revoke(actor=principal(world.alice), token=ApiToken.objects.get(digest=token_digest(alice)))
+    _republish(fleet)  # the router loop does this within a second
+    assert chat(fleet["gateway"], alice).status_code == 401
 
 
 def test_route_table_api_is_tenant_scoped_conditional_and_exported(world, fleet, api):
