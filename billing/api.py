@@ -1,13 +1,26 @@
-"""Usage API: gateways send batches; people trace a request id to region, deployment, version, checksum."""
+"""Billing API: usage ingestion and tracing, prices, cost reports (JSON or CSV), idle GPUs, budget alerts."""
 
+import csv
+import io
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from billing import selectors, services
-from billing.models import UsageRecord
+from billing import reports, selectors, services
+from billing.crosscheck import crosscheck
+from billing.models import GpuPrice, UsageRecord
 from controlplane.api.views import ERRORS, PrincipalMixin
+from controlplane.choices import Scope
+from controlplane.errors import ValidationFailed
+from regions import selectors as region_selectors
 
 
 class UsageSerializer(serializers.ModelSerializer):
@@ -32,3 +45,143 @@ class UsageTraceView(PrincipalMixin):
     @extend_schema(responses={200: UsageSerializer, **ERRORS})
     def get(self, request: Request, request_id: str) -> Response:
         return Response(UsageSerializer(selectors.usage_get(self.principal, request_id)).data)
+
+
+class PriceSerializer(serializers.ModelSerializer):
+    region = serializers.CharField(source="region.code")
+
+    class Meta:
+        model = GpuPrice
+        fields = ["region", "gpu_type", "pricing_model", "hourly_price", "currency", "effective_from"]
+
+
+class PriceInputSerializer(serializers.Serializer):
+    region = serializers.CharField()
+    gpu_type = serializers.CharField(max_length=32)
+    pricing_model = serializers.CharField(default="on_demand")
+    hourly_price = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=Decimal(0))
+    currency = serializers.CharField(default="USD")
+    effective_from = serializers.DateTimeField()
+
+
+class PriceListView(PrincipalMixin):
+    @extend_schema(responses={200: PriceSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        """Every price with its history (anyone who may read costs)."""
+        selectors.require_cost_reader(self.principal)
+        return Response(PriceSerializer(GpuPrice.objects.select_related("region"), many=True).data)
+
+    @extend_schema(request=PriceInputSerializer, responses={201: PriceSerializer, **ERRORS})
+    def post(self, request: Request) -> Response:
+        data = PriceInputSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        region = region_selectors.region_get(self.principal, fields.pop("region"))
+        price = services.price_set(actor=self.principal, region=region, **fields)
+        return Response(PriceSerializer(price).data, status=201)
+
+
+def _period(request: Request) -> str:
+    period = request.query_params.get("month") or timezone.now().strftime("%Y-%m")
+    try:
+        reports.month_bounds(period)
+    except ValueError as exc:
+        raise ValidationFailed("month must look like 2026-11.") from exc
+    return period
+
+
+def _group_by(request: Request) -> list[str]:
+    chosen = [g for g in request.query_params.get("group_by", "tenant,region").split(",") if g]
+    unknown = set(chosen) - set(reports.GROUPS)
+    if unknown or not chosen:
+        raise ValidationFailed(f"group_by takes {', '.join(reports.GROUPS)} (comma-separated).")
+    return chosen
+
+
+class CostReportView(PrincipalMixin):
+    @extend_schema(responses={200: dict, (200, "text/csv"): str, **ERRORS})
+    def get(self, request: Request) -> Response:
+        """``?month=2026-11&group_by=tenant,region,version,day[&export=csv]``: GPU cost attributed to
+        tenants (operators also see idle capacity), tokens, cost per 1M tokens, the hosted-API price."""
+        period, group_by = _period(request), _group_by(request)
+        tenants = selectors.cost_tenants(self.principal)
+        start, end = reports.month_bounds(period)
+        rows = reports.summarize(reports.build(start, min(end, timezone.now())), group_by, tenants)
+        if request.query_params.get("export") == "csv":
+            return _csv(rows, f"costs-{period}.csv")  # type: ignore[return-value]
+        total = sum((r["cost"] for r in rows), Decimal(0))
+        body = {"month": period, "currency": settings.BILLING_CURRENCY, "total": total, "rows": rows}
+        return Response(_exact(body))
+
+
+def _exact(value: Any) -> Any:
+    """Money as strings: JSON numbers would turn Decimals into floats."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _exact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exact(v) for v in value]
+    return value
+
+
+def _csv(rows: list[dict[str, Any]], name: str) -> HttpResponse:
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    response = HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+class IdleView(PrincipalMixin):
+    @extend_schema(responses={200: dict, **ERRORS})
+    def get(self, request: Request) -> Response:
+        """Deployments under the idle threshold over the last ``?hours=24``, with the monthly saving."""
+        try:
+            hours = int(request.query_params.get("hours", 24))
+        except ValueError as exc:
+            raise ValidationFailed("hours must be a whole number.") from exc
+        if not 1 <= hours <= 24 * 31:
+            raise ValidationFailed("hours must be between 1 and 744.")
+        now = timezone.now()
+        report = reports.build(now - timedelta(hours=hours), now)
+        threshold = Decimal(settings.BILLING_IDLE_UTILIZATION)
+        found = reports.idle_deployments(report, threshold, selectors.cost_tenants(self.principal))
+        return Response(_exact({"hours": hours, "threshold": threshold, "deployments": found}))
+
+
+class CrosscheckView(PrincipalMixin):
+    @extend_schema(responses={200: dict, **ERRORS})
+    def get(self, request: Request) -> Response:
+        """``?region=eu-west-1&minutes=60``: gateway-recorded tokens against vLLM's counters (operators)."""
+        self.principal.require(Scope.BILLING_WRITE)
+        region = region_selectors.region_get(self.principal, request.query_params.get("region", ""))
+        try:
+            minutes = int(request.query_params.get("minutes", 60))
+        except ValueError as exc:
+            raise ValidationFailed("minutes must be a whole number.") from exc
+        return Response(crosscheck(region, max(1, min(minutes, 24 * 60))))
+
+
+class BudgetAlertView(PrincipalMixin):
+    @extend_schema(responses={200: dict})
+    def get(self, request: Request) -> Response:
+        alerts = selectors.budget_alerts(self.principal)[:200]
+        return Response(
+            _exact(
+                [
+                    {
+                        "tenant": a.tenant.slug,
+                        "period": a.period,
+                        "threshold": a.threshold,
+                        "spent": a.spent,
+                        "budget": a.budget,
+                        "fired_at": a.fired_at,
+                    }
+                    for a in alerts
+                ]
+            )
+        )

@@ -1,7 +1,10 @@
-"""Metering: one row per request served through a gateway (the source of cost attribution)."""
+"""Metering and prices: usage per request, GPU capacity held over time, prices with history, budget alerts."""
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+
+from billing.choices import PricingModel
 
 
 class UsageRecord(models.Model):
@@ -28,11 +31,92 @@ class UsageRecord(models.Model):
     attempts = models.PositiveSmallIntegerField(default=1)
     stream = models.BooleanField(default=False)
     started_at = models.DateTimeField()
+    hour = models.DateTimeField()  # started_at truncated to the UTC hour: the reports' bucket, stored
     received_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ["-started_at"]
-        indexes = [models.Index(fields=["tenant", "started_at"])]
+        indexes = [models.Index(fields=["tenant", "started_at"]), models.Index(fields=["started_at"])]
 
     def __str__(self) -> str:
         return self.request_id
+
+
+class GpuPrice(models.Model):
+    """The hourly price of one GPU of a type in a region under a pricing model, from ``effective_from``.
+
+    Prices are never edited: a change is a new row, so every past hour is priced with the price in force
+    then. Money is ``Decimal`` end to end.
+    """
+
+    region = models.ForeignKey("regions.Region", on_delete=models.CASCADE, related_name="gpu_prices")
+    gpu_type = models.CharField(max_length=32)
+    pricing_model = models.CharField(
+        max_length=16, choices=PricingModel.choices, default=PricingModel.ON_DEMAND
+    )
+    hourly_price = models.DecimalField(max_digits=12, decimal_places=4, validators=[MinValueValidator(0)])
+    currency = models.CharField(max_length=3, default="USD")
+    effective_from = models.DateTimeField()
+    created_by_name = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["region", "gpu_type", "pricing_model", "effective_from"], name="price_unique_start"
+            )
+        ]
+        ordering = ["region__code", "gpu_type", "pricing_model", "effective_from"]
+
+    def __str__(self) -> str:
+        return f"{self.region.code} {self.gpu_type} {self.pricing_model} {self.hourly_price} {self.currency}"
+
+
+class CapacitySegment(models.Model):
+    """GPUs a deployment held in a region from ``started_at`` to ``ended_at`` (open while it still does).
+
+    The reconciler closes the open segment and opens a new one whenever the count changes (scale, crash,
+    restart, delete), so GPU-seconds are exact to the reconcile that saw the change.
+    """
+
+    deployment = models.ForeignKey("regions.Deployment", on_delete=models.CASCADE, related_name="capacity")
+    version = models.ForeignKey("registry.ModelVersion", on_delete=models.PROTECT, related_name="capacity")
+    region = models.ForeignKey("regions.Region", on_delete=models.PROTECT, related_name="capacity")
+    gpu_type = models.CharField(max_length=32)
+    gpus = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["started_at"]
+        indexes = [models.Index(fields=["region", "started_at"]), models.Index(fields=["ended_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "region"],
+                condition=models.Q(ended_at__isnull=True),
+                name="one_open_segment",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id}@{self.region_id}: {self.gpus} × {self.gpu_type}"
+
+
+class BudgetAlert(models.Model):
+    """A budget threshold crossed in a month; unique, so each fires once per period."""
+
+    tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="budget_alerts")
+    period = models.CharField(max_length=7)  # YYYY-MM
+    threshold = models.PositiveSmallIntegerField()  # percent
+    spent = models.DecimalField(max_digits=14, decimal_places=2)
+    budget = models.DecimalField(max_digits=14, decimal_places=2)
+    fired_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "period", "threshold"], name="alert_once_per_period")
+        ]
+        ordering = ["-fired_at"]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.period} {self.threshold}%"

@@ -4,9 +4,6 @@ from controlplane import views
 
 app_name = "dashboard"
 
-CAPABILITIES = [
-    ("costs", "Costs", "#7"),
-]
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -23,8 +20,4 @@ urlpatterns = [
     path("audit/", views.audit_log, name="audit"),
     path("audit/verify/", views.audit_verify, name="audit-verify"),
     path("operations/<uuid:pk>/", views.operation_detail, name="operation"),
-    *[
-        path(f"{slug}/", views.capability, {"title": title, "issue": issue}, name=slug)
-        for slug, title, issue in CAPABILITIES
-    ],
 ]

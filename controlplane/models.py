@@ -39,6 +39,10 @@ class Tenant(models.Model):
     # Enforced by every gateway process (per process: a fleet of N allows N times these).
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    # Budget alerts fire at these percentages of monthly_budget; a hard limit stops new requests at 100 %.
+    budget_thresholds = models.JSONField(default=list, blank=True)  # percentages; empty: 50, 80, 100
+    budget_hard_limit = models.BooleanField(default=False)
+    budget_webhook = models.URLField(blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)

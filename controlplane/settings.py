@@ -176,6 +176,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
+    "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},
     "reconcile-regions": {
         "task": "regions.tasks.reconcile_all",
         "schedule": env_int("RECONCILE_INTERVAL_SECONDS", 15),
@@ -270,3 +271,14 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Cost attribution (docs/costs.md).
+BILLING_CURRENCY = env_str("BILLING_CURRENCY", "USD")
+# A prompt token costs this fraction of a completion token when a shared deployment's cost is split.
+BILLING_PROMPT_TOKEN_WEIGHT = env_str("BILLING_PROMPT_TOKEN_WEIGHT", "0.25")
+# Weighted tokens one GPU can serve in an hour (the denominator of utilization), per GPU type.
+BILLING_TOKENS_PER_GPU_HOUR = json.loads(env_str("BILLING_TOKENS_PER_GPU_HOUR", '{"default": 2000000}'))
+# What a hosted API charges per million tokens, for the self-host comparison.
+BILLING_HOSTED_PRICE_PER_1M = env_str("BILLING_HOSTED_PRICE_PER_1M", "0.60")
+# Deployments under this utilization over the last day are flagged as idle.
+BILLING_IDLE_UTILIZATION = env_str("BILLING_IDLE_UTILIZATION", "0.10")

@@ -24,6 +24,7 @@ urlpatterns = [
     path("regions/", include("regions.urls")),
     path("deployments/", include("regions.deployment_urls")),
     path("routing/", include("routing.dashboard_urls")),
+    path("costs/", include("billing.dashboard_urls")),
     path("", include("controlplane.dashboard_urls")),
 ]
 

@@ -65,7 +65,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Regions", "regions:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Deployments", "deployments:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Routing", "routing:routing", Scope.DEPLOYMENTS_READ in scopes),
-        ("Costs", "dashboard:costs", Scope.BILLING_READ in scopes),
+        ("Costs", "billing:costs", Scope.BILLING_READ in scopes),
         ("Audit", "dashboard:audit", Scope.AUDIT_READ in scopes),
         ("Tenants", "dashboard:tenants", Scope.TENANTS_READ in scopes),
         ("Users", "dashboard:users", Scope.TENANTS_READ in scopes),
@@ -85,11 +85,6 @@ def overview(request: HttpRequest, p: Principal) -> HttpResponse:
         "checks": {"Database": _database_ok(), "Task broker": _broker_ok()},
     }
     return render(request, "controlplane/overview.html", context)
-
-
-@page
-def capability(request: HttpRequest, p: Principal, title: str, issue: str) -> HttpResponse:
-    return render(request, "controlplane/capability.html", {"title": title, "issue": issue})
 
 
 @page

@@ -120,6 +120,8 @@ class Gateway:
             return await reply.error(
                 503, route.get("unavailable", "No region can serve this model."), "residency_unavailable"
             )
+        if view.get("blocked"):
+            return await reply.error(429, f"{tenant}: {view['blocked']}.", "insufficient_quota")
         refused = self.limits.admit(tenant, view.get("limits", {}))
         if refused:
             return await reply.error(

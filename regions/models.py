@@ -58,6 +58,7 @@ class GpuPool(models.Model):
     gpu_type = models.CharField(max_length=32)
     memory_gib = models.PositiveIntegerField()
     gpu_count = models.PositiveIntegerField()
+    pricing_model = models.CharField(max_length=16, default="on_demand")  # billing.choices.PricingModel
     node_labels = models.JSONField(default=dict, blank=True)
     taints = models.JSONField(default=list, blank=True)
 

@@ -41,6 +41,7 @@ class Outcome:
     error: str = ""
     applied_hash: str = ""
     cold_starts: tuple[dict[str, float], ...] = ()
+    allocated: int = 0  # replicas holding GPUs (scheduled, ready or not): what capacity is billed on
 
 
 def due_targets(region: Region) -> list[int]:
@@ -218,6 +219,7 @@ def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWor
         "endpoints": tuple(observed.endpoints),
         "applied_hash": spec.spec_hash,
         "cold_starts": tuple(observed.cold_starts),
+        "allocated": observed.replicas,
     }
     if observed.problem_is_permanent:
         return Outcome(TargetStatus.FAILED, error=observed.problem, **common)  # type: ignore[arg-type]
@@ -243,6 +245,9 @@ def _record(target: DeploymentTarget, outcome: Outcome) -> None:
         "next_attempt_at": now + (RESYNC if settled else timedelta(seconds=3)),
     }
     _save(target, outcome.status, fields, outcome.error)
+    from billing.metering import record_allocation
+
+    record_allocation(target, outcome.allocated * target.deployment.gpu_count)
 
 
 def _record_error(target: DeploymentTarget, exc: DriverError) -> None:

@@ -58,6 +58,7 @@ class TenantPolicy:
     residency: frozenset[str]
     home: tuple[float, float] | None = None  # the home region's location
     limits: dict[str, int] = field(default_factory=dict)  # requests_per_minute, tokens_per_minute
+    blocked: str = ""  # why gateways refuse every new request (a budget's hard limit)
 
 
 def weight(endpoint: Endpoint) -> int:
@@ -140,6 +141,7 @@ def route_table(
     return {
         policy.slug: {
             "limits": dict(policy.limits),
+            "blocked": policy.blocked,
             "models": {
                 name: route(policy, found) for name, found in sorted(by_tenant.get(policy.slug, {}).items())
             },

@@ -3,7 +3,8 @@
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -32,7 +33,10 @@ def _location(region: Region | None) -> tuple[float, float] | None:
 
 
 def policies() -> list[TenantPolicy]:
+    from billing.services import over_budget
+
     regions = {r.code: r for r in Region.objects.all()}
+    blocked = over_budget()
     return [
         TenantPolicy(
             slug=tenant.slug,
@@ -46,6 +50,12 @@ def policies() -> list[TenantPolicy]:
                 )
                 if value
             },
+            blocked=(
+                f"the monthly budget of {tenant.monthly_budget} {tenant.budget_currency} is spent; "
+                "new requests are refused until next month or a higher budget"
+                if tenant.pk in blocked
+                else ""
+            ),
         )
         for tenant in Tenant.objects.filter(status=TenantStatus.ACTIVE)
     ]
@@ -59,6 +69,7 @@ def placements() -> list[Placement]:
     targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
         "deployment__owner", "deployment__version__model", "region"
     )
+    price_of = _prices_now()
     found = []
     for target in targets:
         deployment, version, region = target.deployment, target.deployment.version, target.region
@@ -79,9 +90,17 @@ def placements() -> list[Placement]:
                 weights_verified=not region.object_store or (version.pk, region.pk) in verified,
                 endpoints=endpoints,
                 location=_location(region),
+                gpu_hour_price=price_of(region, deployment.gpu_type),
             )
         )
     return found
+
+
+def _prices_now() -> Callable[[Region, str], Decimal | None]:
+    """The GPU price in force now per (region, GPU type): the route table's tiebreaker between regions."""
+    from billing.reports import prices_now
+
+    return prices_now()
 
 
 def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:

@@ -28,6 +28,13 @@ class TenantWriteSerializer(StrictSerializer):
         max_digits=14, decimal_places=2, min_value=0, required=False, allow_null=True
     )
     budget_currency = serializers.RegexField(r"^[A-Z]{3}$", required=False)
+    budget_thresholds = serializers.ListField(
+        child=serializers.IntegerField(min_value=1, max_value=1000), required=False, max_length=10
+    )
+    budget_hard_limit = serializers.BooleanField(required=False)
+    budget_webhook = serializers.URLField(required=False, allow_blank=True)
+    requests_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    tokens_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
 
 
 class TenantUpdateSerializer(TenantWriteSerializer):

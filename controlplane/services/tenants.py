@@ -21,6 +21,11 @@ TENANT_FIELDS = (
     "max_gpus",
     "monthly_budget",
     "budget_currency",
+    "budget_thresholds",
+    "budget_hard_limit",
+    "budget_webhook",
+    "requests_per_minute",
+    "tokens_per_minute",
 )
 EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
 

@@ -59,7 +59,11 @@ def test_seed_demo_is_idempotent(db, settings, tmp_path):
     assert eu.residency == ["EU", "CH"] and us.residency == ["US"]
     assert Membership.objects.get(user__username="eu-admin").tenant == eu
     assert User.objects.get(username="operator").platform_role == "operator"
-    # Tokens for the local gateway and for each demo tenant's app, kept across re-seeds.
+    # Tokens for the local gateway and for each demo tenant's app, kept across re-seeds; a token file from
+    # another database is replaced.
+    (tmp_path / "tokens" / "globex-us").write_text("cpt_0000_unknown\n")
+    call_command("seed_demo")
+    assert token_authenticate((tmp_path / "tokens" / "globex-us").read_text().strip())
     gateway = token_authenticate((tmp_path / "tokens" / "gateway").read_text().strip())
     app = token_authenticate((tmp_path / "tokens" / "acme-eu").read_text().strip())
     assert gateway.scopes == ["gateway:sync"] and gateway.service_account.tenant is None

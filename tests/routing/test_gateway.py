@@ -275,6 +275,22 @@ def test_rate_limits_per_tenant_on_requests_and_tokens(world, fleet):
     assert refused.status_code == 429 and "tokens per minute (10)" in refused.json()["error"]["message"]
 
 
+def test_a_spent_budget_with_a_hard_limit_stops_new_requests_at_the_gateway(world, fleet):
+    from django.utils import timezone
+
+    from billing.models import BudgetAlert
+
+    world.tenant_a.monthly_budget, world.tenant_a.budget_hard_limit = 100, True
+    world.tenant_a.save()
+    BudgetAlert.objects.create(
+        tenant=world.tenant_a, period=timezone.now().strftime("%Y-%m"), threshold=100, spent=101, budget=100
+    )
+    _republish(fleet)
+    refused = chat(fleet["gateway"], fleet["tokens"]["alice"])
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
+    assert "monthly budget" in refused.json()["error"]["message"]
+
+
 def test_a_revoked_token_is_refused_once_the_table_moves_on(world, fleet):
     from controlplane.models import ApiToken
     from controlplane.services.tokens import token_digest, token_revoke

@@ -16,6 +16,7 @@ import time
 import pytest
 import requests
 
+from billing.crosscheck import crosscheck
 from billing.models import UsageRecord
 from controlplane.choices import PlatformRole, Scope
 from controlplane.services.tenants import service_account_create
@@ -187,6 +188,16 @@ def test_real_engines_residency_failover_and_fail_closed(
             kind="failover", from_region="eu-west-1", to_region="eu-central-1"
         ).exists()
 
+        # vLLM's own counters, through Prometheus, against the gateway's records: eu-central-1 was only
+        # ever called through the gateway, so they agree token for token (while it is alive and scraped).
+        wait_for(lambda: UsageRecord.objects.count() == len(served), timeout=20)
+        time.sleep(2.5)  # two more scrapes
+        check = crosscheck(regions["eu-central-1"], minutes=30)
+        assert check["completion_tokens"]["gateway"] > 0, check
+        assert (
+            check["completion_tokens"]["discrepancy"] == 0 and check["prompt_tokens"]["discrepancy"] == 0
+        ), check
+
         # Both EU engines dead, the US one healthy: refused, never spilled.
         _kill_engines(regions["eu-central-1"], deployment)
         for _ in range(3):
@@ -202,6 +213,7 @@ def test_real_engines_residency_failover_and_fail_closed(
         time.sleep(2.5)
         assert UsageRecord.objects.count() == len(served)  # every served request once, the 503 not at all
         assert set(UsageRecord.objects.values_list("region", flat=True)) <= {"eu-west-1", "eu-central-1"}
+
         assert DeploymentTarget.objects.filter(deployment=deployment).count() == 3
     finally:
         gateway.stop()

@@ -128,3 +128,15 @@ def test_load_lowers_the_weight():
     from routing.routes import weight
 
     assert weight(idle) == 100 and weight(idle) > weight(busy) > weight(full) >= 1
+
+
+def test_price_breaks_a_tie_in_distance():
+    from dataclasses import replace
+    from decimal import Decimal
+
+    policy = TenantPolicy("acme", frozenset({"EU"}), home=(50.1, 8.7))
+    frankfurt = (50.1, 8.7)
+    dear = replace(placement("eu-central-1", "EU", frankfurt), gpu_hour_price=Decimal("1.10"))
+    cheap = replace(placement("eu-central-2", "EU", frankfurt), gpu_hour_price=Decimal("0.70"))
+    regions = [e["region"] for e in route(policy, [dear, cheap])["endpoints"]]
+    assert regions == ["eu-central-2", "eu-central-1"]

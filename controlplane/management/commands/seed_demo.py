@@ -1,18 +1,21 @@
 """A demo world: an EU tenant and a US tenant, each with an admin, plus platform staff. Safe to re-run."""
 
 import hashlib
+from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from billing.models import GpuPrice
+from billing.services import price_set
 from controlplane.choices import AuditSource, PlatformRole, Scope, TenantRole
-from controlplane.errors import ApplicationError
 from controlplane.models import ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.tenants import membership_set, service_account_create, tenant_create
-from controlplane.services.tokens import token_authenticate, token_create
+from controlplane.services.tokens import TokenRejected, token_authenticate, token_create
 from controlplane.services.users import user_create
 from regions.engines.tiny_model import write_tiny_model
 from regions.models import Region
@@ -88,6 +91,9 @@ REGIONS: list[dict[str, Any]] = [
 ]
 
 
+DEMO_PRICES = {"eu-west-1": Decimal("0.85"), "eu-central-1": Decimal("0.92"), "us-east-1": Decimal("0.80")}
+
+
 def seed_regions(actor: Principal) -> None:
     """Local process-driver regions: real vLLM engines when the engine extra is installed, else simulated."""
     for spec in REGIONS:
@@ -98,6 +104,17 @@ def seed_regions(actor: Principal) -> None:
                 driver_config={"engine": "auto"},
                 gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": 4}],
                 **spec,
+            )
+        region = Region.objects.get(code=spec["code"])
+        if not GpuPrice.objects.filter(region=region).exists():
+            price_set(
+                actor=actor,
+                region=region,
+                gpu_type="L4",
+                pricing_model="on_demand",
+                hourly_price=DEMO_PRICES[spec["code"]],
+                currency="USD",
+                effective_from=datetime(2026, 1, 1, tzinfo=UTC),
             )
 
 
@@ -128,7 +145,7 @@ def seed_tokens(actor: Principal) -> None:
 def _works(raw: str) -> bool:
     try:
         token_authenticate(raw)
-    except ApplicationError:
+    except TokenRejected:  # unknown here (another database), revoked or expired: mint a new one
         return False
     return True
 

@@ -1,0 +1,270 @@
+"""Cost reports from the database: capacity segments × prices, usage per hour, attribution, idle GPUs.
+
+The usage side is one GROUP BY over usage records per (deployment, region, tenant, version, hour), which
+is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
+"""
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Q, Sum
+from django.utils import timezone
+
+from billing.costing import IDLE, Price, PriceBook, Segment, attribute, round_region_hour, segment_costs
+from billing.models import CapacitySegment, GpuPrice, UsageRecord
+from controlplane.models import Tenant
+from regions.models import GpuPool, Region
+
+MONTH_HOURS = Decimal(730)
+
+
+@dataclass
+class Line:
+    """One row of the finest grain: (tenant, region, deployment, version, hour)."""
+
+    tenant: str  # "" for idle capacity
+    region: str
+    deployment: str
+    version: str
+    hour: datetime
+    cost: Decimal = Decimal(0)
+    gpu_hours: Decimal = Decimal(0)
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Report:
+    start: datetime
+    end: datetime
+    currency: str
+    lines: list[Line] = field(default_factory=list)
+    utilization: dict[tuple[str, str], Decimal] = field(default_factory=dict)  # (deployment, region)
+
+
+def _segments(start: datetime, end: datetime) -> tuple[list[Segment], dict[int, Any]]:
+    pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
+    rows = (
+        CapacitySegment.objects.filter(started_at__lt=end)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
+        .select_related("deployment__owner", "deployment__model", "version__model", "region")
+    )
+    now = timezone.now()
+    segments, about = [], {}
+    for row in rows:
+        about[row.pk] = row
+        segments.append(
+            Segment(
+                deployment=row.pk,  # the segment's id: it carries deployment and version
+                region=row.region.code,
+                gpu_type=row.gpu_type,
+                pricing_model=pools.get((row.region_id, row.gpu_type), "on_demand"),
+                gpus=row.gpus,
+                start=row.started_at,
+                end=min(row.ended_at or now, end),
+            )
+        )
+    return segments, about
+
+
+def _prices() -> PriceBook:
+    return PriceBook(
+        Price(p.region.code, p.gpu_type, p.pricing_model, p.hourly_price, p.effective_from)
+        for p in GpuPrice.objects.select_related("region")
+    )
+
+
+def prices_now() -> Callable[[Region, str], Decimal | None]:
+    book, now = _prices(), timezone.now()
+    pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
+
+    def price(region: Region, gpu_type: str) -> Decimal | None:
+        found = book.at((region.code, gpu_type, pools.get((region.pk, gpu_type), "on_demand")), now)
+        return found.hourly if found else None
+
+    return price
+
+
+def usage_query(start: datetime, end: datetime) -> Any:
+    """Requests and tokens per (deployment, region, tenant, version, hour): plain columns, no join and no
+    expression, so PostgreSQL can estimate the groups and aggregate them in a hash table."""
+    return (
+        UsageRecord.objects.filter(started_at__gte=start, started_at__lt=end)
+        .values("deployment_id", "region", "tenant_id", "version", "hour")
+        .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
+        .order_by()
+    )
+
+
+def usage_by_hour(start: datetime, end: datetime) -> list[dict[str, Any]]:
+    slugs = dict(Tenant.objects.values_list("pk", "slug"))
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                # One scan of millions of rows: JIT compilation costs more than it saves here.
+                cursor.execute("SET LOCAL jit = off; SET LOCAL work_mem = '64MB'")
+        rows = [dict(row) for row in usage_query(start, end)]
+    for row in rows:
+        row["tenant__slug"] = slugs[row.pop("tenant_id")]
+    return rows
+
+
+def capacity_tokens(gpu_type: str, gpu_hours: Decimal) -> Decimal:
+    per_gpu_hour = settings.BILLING_TOKENS_PER_GPU_HOUR
+    return gpu_hours * Decimal(per_gpu_hour.get(gpu_type, per_gpu_hour["default"]))
+
+
+def build(start: datetime, end: datetime) -> Report:
+    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated."""
+    segments, about = _segments(start, end)
+    costs = segment_costs(segments, _prices(), start, end)
+    usage = usage_by_hour(start, end)
+    tokens: dict[tuple[int, str, datetime], dict[str, tuple[int, int]]] = defaultdict(dict)
+    for row in usage:
+        where = (row["deployment_id"], row["region"], row["hour"])
+        prompt, completion = tokens[where].get(row["tenant__slug"], (0, 0))
+        tokens[where][row["tenant__slug"]] = (prompt + row["prompt"], completion + row["completion"])
+    weight = Decimal(str(settings.BILLING_PROMPT_TOKEN_WEIGHT))
+    report = Report(start, end, settings.BILLING_CURRENCY)
+    by_region_hour: dict[tuple[str, datetime], dict[tuple[int, str], Decimal]] = defaultdict(dict)
+    hours_of: dict[tuple[int, str, datetime], Decimal] = {}
+    for (segment_id, region, hour), (gpu_hours, cost) in costs.items():
+        segment = about[segment_id]
+        used = tokens.get((segment.deployment_id, region, hour), {})
+        shares = attribute(
+            cost,
+            segment.deployment.owner.slug,
+            False,
+            used,
+            capacity_tokens(segment.gpu_type, gpu_hours),
+            weight,
+        )
+        bucket = by_region_hour[(region, hour)]
+        for tenant, share in shares.items():
+            bucket[(segment_id, tenant)] = bucket.get((segment_id, tenant), Decimal(0)) + share
+        hours_of[(segment_id, region, hour)] = gpu_hours
+    for (region, hour), joint in by_region_hour.items():
+        for (segment_id, tenant), cents in round_region_hour(joint).items():
+            segment = about[segment_id]
+            report.lines.append(
+                Line(
+                    tenant=tenant,
+                    region=region,
+                    deployment=f"{segment.deployment.owner.slug}/{segment.deployment.name}",
+                    version=f"{segment.version.model.name}@{segment.version.version}",
+                    hour=hour,
+                    cost=cents,
+                    gpu_hours=hours_of[(segment_id, region, hour)] if tenant != IDLE else Decimal(0),
+                )
+            )
+    _add_usage(report, usage, about)
+    _utilization(report, costs, about, tokens, weight)
+    return report
+
+
+def _add_usage(report: Report, usage: list[dict[str, Any]], about: dict[int, Any]) -> None:
+    names = {s.deployment_id: f"{s.deployment.owner.slug}/{s.deployment.name}" for s in about.values()}
+    for row in usage:
+        report.lines.append(
+            Line(
+                tenant=row["tenant__slug"],
+                region=row["region"],
+                deployment=names.get(row["deployment_id"], str(row["deployment_id"])),
+                version=row["version"],
+                hour=row["hour"],
+                requests=row["requests"],
+                prompt_tokens=row["prompt"],
+                completion_tokens=row["completion"],
+            )
+        )
+
+
+def _utilization(report: Report, costs: Any, about: dict[int, Any], tokens: Any, weight: Decimal) -> None:
+    capacity: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    used: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for (segment_id, region, hour), (gpu_hours, _) in costs.items():
+        segment = about[segment_id]
+        name = f"{segment.deployment.owner.slug}/{segment.deployment.name}"
+        capacity[(name, region)] += capacity_tokens(segment.gpu_type, gpu_hours)
+        for prompt, completion in tokens.get((segment.deployment_id, region, hour), {}).values():
+            used[(name, region)] += weight * prompt + completion
+    report.utilization = {k: min(Decimal(1), used[k] / v) if v else Decimal(0) for k, v in capacity.items()}
+
+
+def month_bounds(period: str) -> tuple[datetime, datetime]:
+    start = datetime.strptime(period, "%Y-%m").replace(tzinfo=timezone.get_current_timezone())
+    end = (start + timedelta(days=32)).replace(day=1)
+    return start, end
+
+
+GROUPS = ("tenant", "region", "deployment", "version", "day")
+
+
+def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> list[dict[str, Any]]:
+    """Rows grouped by the chosen dimensions; ``tenants`` limits to those (None: all, idle included)."""
+    rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for line in report.lines:
+        if tenants is not None and line.tenant not in tenants:
+            continue
+        values = {
+            "tenant": line.tenant or "(idle)",
+            "region": line.region,
+            "deployment": line.deployment,
+            "version": line.version,
+            "day": line.hour.date().isoformat(),
+        }
+        key = tuple(values[g] for g in group_by)
+        row = rows.setdefault(
+            key,
+            {
+                **{g: values[g] for g in group_by},
+                "cost": Decimal(0),
+                "gpu_hours": Decimal(0),
+                "requests": 0,
+                "prompt_tokens": 0,
+                "completion_tokens": 0,
+            },
+        )
+        row["cost"] += line.cost
+        row["gpu_hours"] += line.gpu_hours
+        row["requests"] += line.requests
+        row["prompt_tokens"] += line.prompt_tokens
+        row["completion_tokens"] += line.completion_tokens
+    hosted = Decimal(str(settings.BILLING_HOSTED_PRICE_PER_1M))
+    for row in rows.values():
+        tokens = row["prompt_tokens"] + row["completion_tokens"]
+        row["gpu_hours"] = row["gpu_hours"].quantize(Decimal("0.001"))
+        row["cost_per_1m_tokens"] = (
+            (row["cost"] / tokens * 1_000_000).quantize(Decimal("0.0001")) if tokens else None
+        )
+        row["hosted_api_cost"] = (hosted * tokens / 1_000_000).quantize(Decimal("0.01"))
+    return sorted(rows.values(), key=lambda r: tuple(str(r[g]) for g in group_by))
+
+
+def idle_deployments(report: Report, threshold: Decimal, tenants: set[str] | None) -> list[dict[str, Any]]:
+    """Deployments whose utilization over the report's window stayed under ``threshold``, with the monthly
+    saving of scaling them to zero (their average hourly cost × 730)."""
+    cost: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for line in report.lines:
+        cost[(line.deployment, line.region)] += line.cost
+    hours = Decimal(max((report.end - report.start).total_seconds(), 3600)) / Decimal(3600)
+    found = []
+    for (name, region), utilization in sorted(report.utilization.items()):
+        if utilization >= threshold or (tenants is not None and name.split("/")[0] not in tenants):
+            continue
+        found.append(
+            {
+                "deployment": name,
+                "region": region,
+                "utilization": utilization.quantize(Decimal("0.0001")),
+                "monthly_saving": (cost[(name, region)] / hours * MONTH_HOURS).quantize(Decimal("0.01")),
+            }
+        )
+    return found
