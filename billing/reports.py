@@ -141,7 +141,7 @@ def build(start: datetime, end: datetime) -> Report:
         shares = attribute(
             cost,
             segment.deployment.owner.slug,
-            False,
+            segment.deployment.shared,
             used,
             capacity_tokens(segment.gpu_type, gpu_hours),
             weight,

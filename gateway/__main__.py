@@ -23,6 +23,7 @@ def main() -> None:
         access_log=False,  # usage records are the request log; a line per request costs throughput
         lifespan="on",
         log_level="warning",
+        timeout_graceful_shutdown=5,  # a stream still open after 5 s is cut rather than holding the stop
     )
 
 

@@ -95,6 +95,9 @@ class Deployment(models.Model):
     )
     engine_overrides = models.JSONField(default=dict, blank=True)
     state = models.CharField(max_length=16, choices=DeploymentState.choices, default=DeploymentState.ACTIVE)
+    # A platform-run deployment of a catalog model that every tenant may call (residency still applies);
+    # its GPU cost is split over the tenants by their tokens, the unused share is platform idle cost.
+    shared = models.BooleanField(default=False)
     generation = models.PositiveIntegerField(default=1)
     created_by_name = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)

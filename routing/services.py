@@ -70,13 +70,23 @@ def placements() -> list[Placement]:
         "deployment__owner", "deployment__version__model", "region"
     )
     price_of = _prices_now()
+    everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
+    own_names = set(
+        targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
+    )
     found = []
     for target in targets:
         deployment, version, region = target.deployment, target.deployment.version, target.region
         endpoints = tuple(_endpoint(url, health.get(url)) for url in target.endpoints)
-        found.append(
+        # A shared deployment is offered to every tenant, except where a tenant runs its own of that name.
+        callers = (
+            [t for t in everyone if (t, deployment.name) not in own_names]
+            if deployment.shared
+            else [deployment.owner.slug]
+        )
+        found += [
             Placement(
-                tenant=deployment.owner.slug,
+                tenant=caller,
                 name=deployment.name,
                 deployment_id=deployment.pk,
                 version=f"{version.model.name}@{version.version}",
@@ -92,7 +102,8 @@ def placements() -> list[Placement]:
                 location=_location(region),
                 gpu_hour_price=price_of(region, deployment.gpu_type),
             )
-        )
+            for caller in callers
+        ]
     return found
 
 

@@ -135,6 +135,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "gpu_type",
             "gpu_count",
             "engine_overrides",
+            "shared",
             "state",
             "generation",
             "created_by_name",
@@ -165,6 +166,10 @@ class DeploymentWriteSerializer(StrictSerializer):
     gpu_type = serializers.CharField(max_length=32, required=False, allow_blank=True)
     gpu_count = serializers.IntegerField(min_value=1, max_value=64, required=False)
     engine_overrides = serializers.DictField(required=False)
+    shared = serializers.BooleanField(
+        required=False,
+        help_text="Platform operators: serve a catalog model to every tenant, billed by tokens",
+    )
 
 
 class ScaleSerializer(StrictSerializer):

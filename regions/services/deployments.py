@@ -8,7 +8,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.choices import Scope
-from controlplane.errors import Conflict, NotFound, ValidationFailed
+from controlplane.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from controlplane.models import Tenant
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
@@ -64,8 +64,15 @@ def deployment_create(
     gpu_type: str = "",
     gpu_count: int | None = None,
     engine_overrides: dict[str, Any] | None = None,
+    shared: bool = False,
 ) -> Deployment:
     actor.require(Scope.DEPLOYMENTS_WRITE, owner.pk)
+    if shared and not actor.sees_all(Scope.DEPLOYMENTS_WRITE):
+        raise Forbidden(
+            "Only platform operators run shared deployments.", detail={"scope": Scope.DEPLOYMENTS_WRITE}
+        )
+    if shared and model.owner_id is not None:
+        raise ValidationFailed("A shared deployment serves a catalog model (one the platform owns).")
     _check_model(owner, model)
     resolved = resolve_version(model, version, follow_alias)
     placement.check_version_deployable(actor, resolved)
@@ -88,6 +95,7 @@ def deployment_create(
         gpu_type=gpu_type,
         gpu_count=gpu_count or fit_count,
         engine_overrides=overrides,
+        shared=shared,
         created_by_name=actor.name,
     )
     full_clean(deployment, exclude=["owner", "model", "version"])

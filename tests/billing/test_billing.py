@@ -14,6 +14,7 @@ from regions.services.deployments import deployment_create, deployment_delete, d
 from routing import services as routing
 from tests.conftest import principal
 from tests.regions.conftest import converge, tiny_version
+from tests.regions.test_reconciler import until_ready
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # starts engines
 
@@ -200,3 +201,75 @@ def _webhook(received: list) -> str:  # type: ignore[type-arg]
     server = HTTPServer(("127.0.0.1", 0), Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_port}/budget"
+
+
+def test_a_shared_deployment_is_split_by_tokens_with_idle_apart(
+    world, make_region, tiny_model_dir, api, settings
+):
+    from regions.models import Deployment
+    from registry.models import RegisteredModel
+
+    settings.BILLING_TOKENS_PER_GPU_HOUR = {"default": 1000}  # weighted tokens one GPU serves in an hour
+    settings.BILLING_PROMPT_TOKEN_WEIGHT = "0"
+    make_region("eu-west-1", "EU")
+    tiny_version(principal(world.operator), tiny_model_dir)
+    catalog = RegisteredModel.objects.get(name="tiny-llama", owner=None)
+    with pytest.raises(Exception, match="Only platform operators"):
+        deployment_create(
+            actor=principal(world.alice),
+            owner=world.tenant_a,
+            name="x",
+            model=catalog,
+            version="1.0.0",
+            shared=True,
+        )
+    shared = deployment_create(
+        actor=principal(world.operator),
+        owner=world.tenant_a,
+        name="assistant",
+        model=catalog,
+        version="1.0.0",
+        regions=["eu-west-1"],
+        shared=True,
+    )
+    until_ready(shared)
+    table = routing.publish().body["tenants"]
+    assert table[world.tenant_a.slug]["models"]["assistant"]["endpoints"]  # offered to every tenant...
+    assert (
+        "data residency (US)" in table[world.tenant_b.slug]["models"]["assistant"]["unavailable"]
+    )  # ...in residency
+
+    _history(world, shared, hours=10, price="2.50")  # 25.00 of GPU time; acme: 50 completion tokens/hour
+    UsageRecord.objects.update(completion_tokens=300)
+    start = UsageRecord.objects.order_by("started_at").first().hour
+    UsageRecord.objects.bulk_create(
+        UsageRecord(
+            request_id=uuid.uuid4().hex,
+            tenant=world.tenant_b,
+            model_name="assistant",
+            region="eu-west-1",
+            deployment=shared,
+            version="tiny-llama@1.0.0",
+            status=200,
+            prompt_tokens=500,
+            completion_tokens=100,
+            latency_ms=10,
+            started_at=start + timedelta(hours=n, minutes=40),
+            hour=start + timedelta(hours=n),
+        )
+        for n in range(10)
+    )
+    month = start.strftime("%Y-%m")
+    every = {
+        r["tenant"]: Decimal(r["cost"])
+        for r in api(world.operator).get(f"/api/v1/costs/?month={month}&group_by=tenant").json()["rows"]
+    }
+    # 40 % used each hour (300 + 100 of 1000): acme 30 %, globex 10 %, the rest is the platform's idle cost.
+    assert every == {
+        world.tenant_a.slug: Decimal("7.50"),
+        world.tenant_b.slug: Decimal("2.50"),
+        "(idle)": Decimal("15.00"),
+    }
+    mine = api(world.bob).get(f"/api/v1/costs/?month={month}&group_by=tenant").json()["rows"]
+    assert [(r["tenant"], r["cost"]) for r in mine] == [(world.tenant_b.slug, "2.50")]
+    assert Deployment.objects.get(pk=shared.pk).shared

@@ -155,7 +155,9 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
     assert proc.returncode == 0, output
     assert "Demo password" in output and "Stopped web, worker, scheduler, router and gateway." in output
     for child in children:
-        assert not Path(f"/proc/{child}").exists() or _is_zombie(child), f"process {child} still running"
+        assert not Path(f"/proc/{child}").exists() or _is_zombie(child), (
+            f"process {child} still running: {_cmdline(child)}"
+        )
 
 
 def _is_zombie(pid: str) -> bool:
@@ -163,3 +165,10 @@ def _is_zombie(pid: str) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"

@@ -190,6 +190,23 @@ def test_an_eu_tenant_is_served_at_home_streams_and_is_metered_exactly_once(worl
     assert other.status_code == 404  # another tenant's request id does not exist for bob
 
 
+def test_completions_embeddings_and_models(world, fleet):
+    gateway, auth = fleet["gateway"], {"Authorization": f"Bearer {fleet['tokens']['alice']}"}
+    completion = requests.post(
+        f"{gateway.url}/v1/completions",
+        json={"model": "chat", "prompt": "Once", "max_tokens": 4},
+        headers=auth,
+    )
+    assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] > 0
+    embedding = requests.post(
+        f"{gateway.url}/v1/embeddings", json={"model": "chat", "input": "hi"}, headers=auth
+    )
+    assert embedding.status_code == 200 and embedding.json()["data"][0]["embedding"]
+    listed = requests.get(f"{gateway.url}/v1/models", headers=auth).json()
+    assert [m["id"] for m in listed["data"]] == ["chat"]
+    assert requests.get(f"{gateway.url}/v1/nothing", headers=auth).status_code == 404
+
+
 def test_other_tenants_and_bad_tokens_are_refused(world, fleet):
     gateway = fleet["gateway"]
     assert (

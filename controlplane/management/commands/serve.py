@@ -114,6 +114,7 @@ class Command(BaseCommand):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)  # reaped: nothing of ours outlives this command
         self.stdout.write("Stopped web, worker, scheduler, router and gateway.")
         stopped = self._stop_local_engines()
         if stopped:
