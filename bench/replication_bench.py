@@ -112,6 +112,23 @@ def main() -> None:
             dst.upload_fileobj(src.get_object(Bucket="home", Key=key)["Body"], "region", key)
             return time.perf_counter() - start
 
+        class Hashing:  # what any verified copy must add: SHA-256 of the stream
+            def __init__(self, body):  # type: ignore[no-untyped-def]
+                self.body, self.digest = body, hashlib.sha256()
+
+            def read(self, amount: int = -1) -> bytes:
+                data = self.body.read(amount)
+                self.digest.update(data)
+                return bytes(data)
+
+        def hashed() -> float:
+            dst.delete_object(Bucket="region", Key=key)
+            start = time.perf_counter()
+            reader = Hashing(src.get_object(Bucket="home", Key=key)["Body"])
+            dst.upload_fileobj(reader, "region", key)
+            assert reader.digest.hexdigest() == data_sha
+            return time.perf_counter() - start
+
         def ours() -> float:
             dst.delete_object(Bucket="region", Key=key)
             start = time.perf_counter()
@@ -128,15 +145,20 @@ def main() -> None:
             assert result.verified and dst.head_object(Bucket="region", Key=key)["ContentLength"] == size
             return time.perf_counter() - start
 
-        times: dict[str, list[float]] = {"base": [], "ours": []}
+        sides = {"base": baseline, "hashed": hashed, "ours": ours}
+        labels = {
+            "base": "boto3 defaults (stream upload)",
+            "hashed": "boto3 defaults + SHA-256 of stream",
+            "ours": "control plane copier",
+        }
+        times: dict[str, list[float]] = {side: [] for side in sides}
         for round_ in range(1, args.rounds + 1):
-            # Alternate which side goes first, so neither always gets the warmer servers.
-            order = ("base", "ours") if round_ % 2 else ("ours", "base")
+            # Rotate which side goes first, so none always gets the warmer servers.
+            order = list(sides)[round_ % 3 :] + list(sides)[: round_ % 3]
             for side in order:
-                took = baseline() if side == "base" else ours()
+                took = sides[side]()
                 times[side].append(took)
-                label = "boto3 defaults (stream upload)" if side == "base" else "control plane copier"
-                print(f"{round_:>5} {label:<34} {took:>8.2f} {size / took / 1e6:>8.1f}")
+                print(f"{round_:>5} {labels[side]:<34} {took:>8.2f} {size / took / 1e6:>8.1f}")
             if not args.server_side:
                 continue
             src.delete_object(Bucket="region-same-endpoint", Key=key)
@@ -156,11 +178,11 @@ def main() -> None:
             label = "  same endpoint: server-side copy"
             speed = f"{size / same / 1e6:>8.1f}"
             print(f"{round_:>5} {label:<34} {same:>8.2f} {speed}")
-        base, mine = statistics.median(times["base"]), statistics.median(times["ours"])
-        print(
-            f"median over {args.rounds} rounds: boto3 defaults {size / base / 1e6:.1f} MB/s, "
-            f"control plane copier {size / mine / 1e6:.1f} MB/s ({base / mine:.2f}×)"
-        )
+        base = statistics.median(times["base"])
+        print(f"median over {args.rounds} rounds:")
+        for side, label in labels.items():
+            took = statistics.median(times[side])
+            print(f"  {label:<34} {size / took / 1e6:>7.1f} MB/s ({base / took:.2f}× boto3 defaults)")
     finally:
         for server in (src_server, dst_server):
             server.terminate()
