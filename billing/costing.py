@@ -25,7 +25,7 @@ IDLE = ""  # the tenant key of idle cost
 
 @dataclass(frozen=True)
 class Segment:
-    deployment: int
+    key: int  # what the costs are bucketed by (the report uses the capacity segment's id)
     region: str
     gpu_type: str
     pricing_model: str
@@ -67,7 +67,7 @@ def hour_of(moment: datetime) -> datetime:
 def segment_costs(
     segments: Iterable[Segment], prices: PriceBook, start: datetime, end: datetime
 ) -> dict[tuple[int, str, datetime], tuple[Decimal, Decimal]]:
-    """{(deployment, region, hour): (GPU-hours, cost)} within [start, end), unrounded."""
+    """{(segment key, region, hour): (GPU-hours, cost)} within [start, end), unrounded."""
     found: dict[tuple[int, str, datetime], tuple[Decimal, Decimal]] = {}
     for segment in segments:
         key = (segment.region, segment.gpu_type, segment.pricing_model)
@@ -82,7 +82,7 @@ def segment_costs(
             price = prices.at(key, left)
             gpu_hours = Decimal(segment.gpus) * Decimal((right - left).total_seconds()) / Decimal(3600)
             cost = gpu_hours * price.hourly if price else Decimal(0)
-            bucket = (segment.deployment, segment.region, hour_of(left))
+            bucket = (segment.key, segment.region, hour_of(left))
             hours, total = found.get(bucket, (Decimal(0), Decimal(0)))
             found[bucket] = (hours + gpu_hours, total + cost)
     return found

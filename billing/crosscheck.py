@@ -16,12 +16,15 @@ from django.utils import timezone
 from prometheus_api_client import PrometheusConnect
 
 from billing.models import UsageRecord
+from controlplane.choices import Scope
+from controlplane.principal import Principal
 from regions.models import DeploymentTarget, Region
 
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "completion_tokens": "vllm:generation_tokens_total"}
 
 
-def crosscheck(region: Region, minutes: int) -> dict[str, Any]:
+def crosscheck(actor: Principal, region: Region, minutes: int) -> dict[str, Any]:
+    actor.require(Scope.BILLING_WRITE)  # operators: it reads every tenant's usage in the region
     if not region.prometheus_url:
         return {"region": region.code, "error": "the region names no Prometheus"}
     prometheus = PrometheusConnect(url=region.prometheus_url, disable_ssl=True)

@@ -62,7 +62,7 @@ def _segments(start: datetime, end: datetime) -> tuple[list[Segment], dict[int, 
         about[row.pk] = row
         segments.append(
             Segment(
-                deployment=row.pk,  # the segment's id: it carries deployment and version
+                key=row.pk,  # the capacity segment: it carries deployment and version
                 region=row.region.code,
                 gpu_type=row.gpu_type,
                 pricing_model=pools.get((row.region_id, row.gpu_type), "on_demand"),

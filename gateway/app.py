@@ -215,7 +215,6 @@ class Gateway:
             content_type = upstream.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
-                usage: dict[str, Any] = {}
                 tail = b""
                 async for chunk in upstream.content.iter_any():
                     await reply.chunk(chunk)

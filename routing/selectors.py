@@ -1,6 +1,7 @@
 """What each caller may see of routing: operators everything, tenants their own routes and events."""
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from django.db.models import QuerySet
@@ -59,7 +60,7 @@ def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:
 def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
     """If ``region_code`` failed: which tenants' models would lose service, and which would lose capacity."""
     policies, placements = services.policies(), services.placements()
-    failed = [p if p.region != region_code else _down(p) for p in placements]
+    failed = [p if p.region != region_code else replace(p, region_active=False) for p in placements]
     before = tenants_view(principal, route_table(policies, placements))
     after = tenants_view(principal, route_table(policies, failed))
     impact = []
@@ -83,9 +84,3 @@ def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
                 }
             )
     return impact
-
-
-def _down(placement: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(placement, region_active=False)

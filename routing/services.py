@@ -3,14 +3,14 @@
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
-from decimal import Decimal
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from billing.reports import prices_now
 from controlplane.choices import AuditSource, Scope, TenantStatus
 from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
@@ -69,7 +69,7 @@ def placements() -> list[Placement]:
     targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
         "deployment__owner", "deployment__version__model", "region"
     )
-    price_of = _prices_now()
+    price_of = prices_now()  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
     own_names = set(
         targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
@@ -105,13 +105,6 @@ def placements() -> list[Placement]:
             for caller in callers
         ]
     return found
-
-
-def _prices_now() -> Callable[[Region, str], Decimal | None]:
-    """The GPU price in force now per (region, GPU type): the route table's tiebreaker between regions."""
-    from billing.reports import prices_now
-
-    return prices_now()
 
 
 def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:

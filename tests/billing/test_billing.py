@@ -66,19 +66,24 @@ def _history(world, chat, hours: int = 10, price: str = "2.50") -> None:  # type
         hourly_price=Decimal(price),
         effective_from=start - timedelta(days=1),
     )
+    _hourly_usage(world.tenant_a, chat, start, hours, prompt=100, completion=50)
+
+
+def _hourly_usage(tenant, deployment, start, hours: int, prompt: int, completion: int) -> None:  # type: ignore[no-untyped-def]
+    """One request in each of ``hours`` hours from ``start``, in eu-west-1."""
     UsageRecord.objects.bulk_create(
         UsageRecord(
             request_id=uuid.uuid4().hex,
-            tenant=world.tenant_a,
-            model_name="chat",
+            tenant=tenant,
+            model_name=deployment.name,
             region="eu-west-1",
-            deployment=chat,
+            deployment=deployment,
             version="tiny-llama@1.0.0",
             status=200,
-            prompt_tokens=100,
-            completion_tokens=50,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
             latency_ms=10,
-            started_at=start + timedelta(minutes=30 + 60 * n),
+            started_at=start + timedelta(hours=n, minutes=30),
             hour=start + timedelta(hours=n),
         )
         for n in range(hours)
@@ -242,23 +247,7 @@ def test_a_shared_deployment_is_split_by_tokens_with_idle_apart(
     _history(world, shared, hours=10, price="2.50")  # 25.00 of GPU time; acme: 50 completion tokens/hour
     UsageRecord.objects.update(completion_tokens=300)
     start = UsageRecord.objects.order_by("started_at").first().hour
-    UsageRecord.objects.bulk_create(
-        UsageRecord(
-            request_id=uuid.uuid4().hex,
-            tenant=world.tenant_b,
-            model_name="assistant",
-            region="eu-west-1",
-            deployment=shared,
-            version="tiny-llama@1.0.0",
-            status=200,
-            prompt_tokens=500,
-            completion_tokens=100,
-            latency_ms=10,
-            started_at=start + timedelta(hours=n, minutes=40),
-            hour=start + timedelta(hours=n),
-        )
-        for n in range(10)
-    )
+    _hourly_usage(world.tenant_b, shared, start, 10, prompt=500, completion=100)
     month = start.strftime("%Y-%m")
     every = {
         r["tenant"]: Decimal(r["cost"])

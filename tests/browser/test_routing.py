@@ -2,36 +2,18 @@
 
 import pytest
 
-from regions.services.deployments import deployment_create
 from routing import health
 from tests.browser.conftest import login, shot
-from tests.conftest import principal, wait_for
 from tests.factories import PASSWORD
-from tests.regions.conftest import tiny_version
-from tests.routing.test_gateway import LOCATIONS, _all_ready, _kill_engines
+from tests.routing.test_gateway import _kill_engines, chat_in_two_eu_regions
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_routing_page_shows_table_failover_timeline_and_what_if(page, world, make_region, tiny_model_dir):
-    regions = {}
-    for code in ("eu-west-1", "eu-central-1"):
-        regions[code] = make_region(code, "EU")
-        regions[code].latitude, regions[code].longitude = LOCATIONS[code]
-        regions[code].save()
-    world.tenant_a.home_region = "eu-west-1"
-    world.tenant_a.save()
-    version = tiny_version(principal(world.operator), tiny_model_dir)
-    deployment = deployment_create(
-        actor=principal(world.alice),
-        owner=world.tenant_a,
-        name="chat",
-        model=version.model,
-        version="1.0.0",
-        regions=["eu-west-1", "eu-central-1"],
-        min_regions=2,
+    deployment, regions = chat_in_two_eu_regions(
+        world, make_region, tiny_model_dir, {"eu-west-1": "EU", "eu-central-1": "EU"}
     )
-    wait_for(lambda: _all_ready(deployment), timeout=60, interval=0.3)
     health.cycle()
     _kill_engines(regions["eu-west-1"], deployment)
     for _ in range(3):

@@ -82,15 +82,13 @@ def chat(gateway: Gateway, token: str, model: str = "chat", **extra):  # type: i
     )
 
 
-@pytest.fixture
-def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: ignore[no-untyped-def]
-    """acme (EU, CH) runs `chat` in eu-west-1 (its home) and eu-central-1; a US region exists too."""
+def chat_in_two_eu_regions(world, make_region, tiny_model_dir, jurisdictions):  # type: ignore[no-untyped-def]
+    """acme (home eu-west-1) runs `chat` in eu-west-1 and eu-central-1, ready: (deployment, regions)."""
     regions = {}
-    for code, jurisdiction in (("eu-west-1", "EU"), ("eu-central-1", "EU"), ("us-east-1", "US")):
-        region = make_region(code, jurisdiction)
-        region.latitude, region.longitude = LOCATIONS[code]
-        region.save()
-        regions[code] = region
+    for code, jurisdiction in jurisdictions.items():
+        regions[code] = make_region(code, jurisdiction)
+        regions[code].latitude, regions[code].longitude = LOCATIONS[code]
+        regions[code].save()
     world.tenant_a.home_region = "eu-west-1"
     world.tenant_a.save()
     version = tiny_version(principal(world.operator), tiny_model_dir)
@@ -104,10 +102,23 @@ def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: i
         min_regions=2,
     )
     wait_for(lambda: _all_ready(deployment), timeout=60, interval=0.3)
+    return deployment, regions
+
+
+def gateway_secret(world) -> str:  # type: ignore[no-untyped-def]
+    """A platform robot's token with gateway:sync, as a gateway holds."""
     robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
-    _, gateway_token = token_create(
+    return token_create(
         actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
-    )
+    )[1]
+
+
+@pytest.fixture
+def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: ignore[no-untyped-def]
+    """acme (EU, CH) runs `chat` in eu-west-1 (its home) and eu-central-1; a US region exists too."""
+    everywhere = {"eu-west-1": "EU", "eu-central-1": "EU", "us-east-1": "US"}
+    deployment, regions = chat_in_two_eu_regions(world, make_region, tiny_model_dir, everywhere)
+    gateway_token = gateway_secret(world)
     invoke = {}
     for user in (world.alice, world.bob):
         _, invoke[user.username] = token_create(

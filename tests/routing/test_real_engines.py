@@ -18,8 +18,7 @@ import requests
 
 from billing.crosscheck import crosscheck
 from billing.models import UsageRecord
-from controlplane.choices import PlatformRole, Scope
-from controlplane.services.tenants import service_account_create
+from controlplane.choices import Scope
 from controlplane.services.tokens import token_create
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
@@ -29,7 +28,7 @@ from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from tests.conftest import principal, wait_for
 from tests.regions.conftest import tiny_version
 from tests.regions.test_vllm import ready_targets
-from tests.routing.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port
+from tests.routing.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port, gateway_secret
 
 pytestmark = [
     pytest.mark.slow,
@@ -125,10 +124,7 @@ def test_real_engines_residency_failover_and_fail_closed(
     route = services.current().body["tenants"][acme.slug]["models"]["chat"]
     assert [e["region"] for e in route["endpoints"]] == ["eu-west-1", "eu-central-1"]
 
-    robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
-    _, gateway_token = token_create(
-        actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
-    )
+    gateway_token = gateway_secret(world)
     _, alice = token_create(actor=principal(world.alice), name="app", scopes=[Scope.MODELS_INVOKE])
     services.publish()  # the router loop would within a second: new token digests are part of the table
     gateway = Gateway(live_server.url, gateway_token, tmp_path / "routes.json", tmp_path / "gateway.log")
@@ -192,7 +188,7 @@ def test_real_engines_residency_failover_and_fail_closed(
         # ever called through the gateway, so they agree token for token (while it is alive and scraped).
         wait_for(lambda: UsageRecord.objects.count() == len(served), timeout=20)
         time.sleep(2.5)  # two more scrapes
-        check = crosscheck(regions["eu-central-1"], minutes=30)
+        check = crosscheck(principal(world.operator), regions["eu-central-1"], minutes=30)
         assert check["completion_tokens"]["gateway"] > 0, check
         assert (
             check["completion_tokens"]["discrepancy"] == 0 and check["prompt_tokens"]["discrepancy"] == 0
