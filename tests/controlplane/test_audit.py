@@ -8,7 +8,8 @@ from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from controlplane.models import AuditChainHead, AuditEvent
-from controlplane.services.audit import audit_record, verify_chain
+from controlplane.services import audit
+from controlplane.services.audit import audit_record, event_hash, verify_chain
 from tests.conftest import system
 
 needs_postgres = pytest.mark.skipif(
@@ -148,3 +149,49 @@ def test_one_event_per_change_even_across_services(world, api):
         "/api/v1/service-accounts/", {"name": "deploy", "tenant": "acme", "role": "developer"}, format="json"
     )
     assert AuditEvent.objects.count() == before + 2
+
+
+def test_event_moved_to_another_tenant_breaks_the_chain(world):
+    write_events(3, tenant=world.tenant_a)
+    tamper("UPDATE controlplane_auditevent SET tenant_id = %s WHERE seq = %s", [world.tenant_b.pk, 2])
+    report = verify_chain()
+    assert not report.ok and report.first_broken_seq == 2
+
+
+def test_the_current_hash_format_covers_every_column():
+    columns = {field.attname for field in AuditEvent._meta.concrete_fields}
+    assert columns == set(audit.HASHED_FIELDS[audit.HASH_VERSION]) | audit.UNHASHED_FIELDS
+    assert {"tenant_id", "hash_version"} <= set(audit.HASHED_FIELDS[audit.HASH_VERSION])
+
+
+def write_legacy_events(monkeypatch, count: int, tenant=None) -> None:
+    """Events as written before migration 0005 (hash format 1, which does not cover tenant_id)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(audit, "HASH_VERSION", 1)
+        write_events(count, tenant=tenant)
+
+
+def test_legacy_events_keep_verifying_and_a_legacy_tenant_move_is_caught(world, monkeypatch):
+    write_legacy_events(monkeypatch, 2, tenant=world.tenant_a)
+    write_events(2, tenant=world.tenant_a)
+    assert [e.hash_version for e in AuditEvent.objects.order_by("seq")] == [1, 1, 2, 2]
+    assert verify_chain().ok
+    tamper("UPDATE controlplane_auditevent SET tenant_id = %s WHERE seq = %s", [world.tenant_b.pk, 1])
+    report = verify_chain()
+    assert not report.ok and report.first_broken_seq == 1 and "another tenant" in report.reason
+
+
+def test_rewriting_an_event_in_the_older_format_is_caught(world):
+    write_events(3, tenant=world.tenant_a)
+    last = AuditEvent.objects.get(seq=3)
+    last.tenant, last.tenant_slug, last.hash_version = world.tenant_b, world.tenant_b.slug, 1
+    forged = event_hash(last)  # a consistent format-1 event, moved to the other tenant
+    tamper(
+        "UPDATE controlplane_auditevent SET tenant_id = %s, tenant_slug = %s, hash_version = 1, hash = %s "
+        "WHERE seq = 3",
+        [world.tenant_b.pk, world.tenant_b.slug, forged],
+    )
+    tamper("UPDATE controlplane_auditchainhead SET hash = %s WHERE id = 1", [forged])
+    report = verify_chain()
+    assert not report.ok and report.first_broken_seq == 3 and "format 1 after format 2" in report.reason
+
