@@ -2,8 +2,8 @@
 
 import hashlib
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC
 from typing import Any
 
@@ -14,6 +14,7 @@ from django.utils import timezone
 from controlplane.models import AuditChainHead, AuditEvent, Tenant
 from controlplane.observability import current_request_id
 from controlplane.principal import Principal
+from controlplane.services.audit_checkpoints import Checkpoint
 
 GENESIS_HASH = "0" * 64
 # The columns each hash format covers. A format is frozen once events were written with it: a new or
@@ -117,20 +118,20 @@ def audit_record(
 
 @dataclass(frozen=True)
 class ChainReport:
+    """What verification found; ``checkpoint`` is the newest signed checkpoint the chain was held to."""
+
     ok: bool
     checked: int
     head_seq: int
     first_broken_seq: int | None = None
     reason: str = ""
+    head_hash: str = GENESIS_HASH
+    checkpoint: dict[str, Any] | None = None
+    checkpoint_written: dict[str, Any] | None = None
+    warning: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "checked": self.checked,
-            "head_seq": self.head_seq,
-            "first_broken_seq": self.first_broken_seq,
-            "reason": self.reason,
-        }
+        return asdict(self)
 
 
 def _broken_link(event: AuditEvent, expected_seq: int, prev_hash: str, prev_version: int) -> str:
@@ -155,13 +156,42 @@ def _altered(event: AuditEvent, tenant_slugs: dict[int, str]) -> str:
     return ""
 
 
-def verify_chain() -> ChainReport:
-    """Recompute every link from the first event; report the first one that does not hold."""
+def _unlike_checkpoint(event: AuditEvent, anchors: dict[int, list[Checkpoint]]) -> str:
+    for checkpoint in anchors.get(event.seq, ()):
+        if checkpoint.hash != event.hash:
+            at = checkpoint.at.isoformat()
+            return f"event #{event.seq} differs from the signed checkpoint of {at}: the chain was rewritten"
+    return ""
+
+
+def _beyond_end(checked: int, checkpoints: Sequence[Checkpoint]) -> str:
+    latest = max(checkpoints, key=lambda cp: cp.seq, default=None)
+    if latest is None or latest.seq <= checked:
+        return ""
+    at, seq = latest.at.isoformat(), latest.seq
+    return (
+        f"the chain ends at #{checked} but the signed checkpoint of {at} records #{seq}: events were removed"
+    )
+
+
+def verify_chain(*, checkpoints: Sequence[Checkpoint] = ()) -> ChainReport:
+    """Recompute every link from the first event; report the first one that does not hold.
+
+    Each signed checkpoint must name an event of the chain with the same hash, and the chain must
+    reach the newest one: that is what reveals deleted newest events behind a rewound head row.
+    """
     head = AuditChainHead.objects.filter(pk=1).first() or AuditChainHead(seq=0, hash=GENESIS_HASH)
     tenant_slugs = dict(Tenant.objects.values_list("id", "slug"))
+    anchors: dict[int, list[Checkpoint]] = {}
+    for checkpoint in checkpoints:
+        anchors.setdefault(checkpoint.seq, []).append(checkpoint)
     prev_hash, prev_version, expected_seq, checked = GENESIS_HASH, 1, 1, 0
     for event in AuditEvent.objects.order_by("seq").iterator(chunk_size=2000):
-        reason = _broken_link(event, expected_seq, prev_hash, prev_version) or _altered(event, tenant_slugs)
+        reason = (
+            _broken_link(event, expected_seq, prev_hash, prev_version)
+            or _altered(event, tenant_slugs)
+            or _unlike_checkpoint(event, anchors)
+        )
         if reason:
             return ChainReport(False, checked, head.seq, min(expected_seq, event.seq), reason)
         prev_hash, prev_version = event.hash, event.hash_version
@@ -169,4 +199,6 @@ def verify_chain() -> ChainReport:
     if head.seq != checked or head.hash != prev_hash:
         reason = f"the chain ends at #{checked} but its head records #{head.seq}: events were removed"
         return ChainReport(False, checked, head.seq, checked + 1, reason)
-    return ChainReport(True, checked, head.seq)
+    if reason := _beyond_end(checked, checkpoints):
+        return ChainReport(False, checked, head.seq, checked + 1, reason)
+    return ChainReport(True, checked, head.seq, head_hash=prev_hash)
