@@ -106,7 +106,8 @@ def _parse(key: bytes, line: str) -> Checkpoint | None:
         signature = str(raw["sig"])
     except (ValueError, TypeError, KeyError):
         return None
-    return checkpoint if hmac.compare_digest(signature, _signature(key, checkpoint)) else None
+    expected = _signature(key, checkpoint).encode()
+    return checkpoint if hmac.compare_digest(signature.encode(), expected) else None
 
 
 def checkpoints_read() -> CheckpointLog:

@@ -295,10 +295,10 @@ def test_a_forged_checkpoint_is_reported(db, settings):
     path = Path(settings.AUDIT_CHECKPOINT_DIR) / LOG_NAME
     line = checkpoint_lines(settings)[0]
     line.update(seq=1, hash=AuditEvent.objects.get(seq=1).hash)
-    path.write_text(json.dumps(line) + "\n")
+    path.write_text(json.dumps(line) + "\n" + json.dumps({**line, "sig": "é"}) + "\nnot json\n")
     report = verify_audit(now=T0 + timedelta(hours=1))
-    assert not report.ok and "forged or altered" in report.reason
-    assert len(checkpoint_lines(settings)) == 1
+    assert not report.ok and [f"line {n}" in report.reason for n in (1, 2, 3)] == [True] * 3
+    assert "forged or altered" in report.reason and path.read_text().count("\n") == 3  # nothing appended
 
 
 def test_a_checkpoint_signed_with_another_key_is_reported(db, settings, tmp_path):
