@@ -8,4 +8,5 @@ class ControlplaneConfig(AppConfig):
 
     def ready(self) -> None:
         # Long-running operation handlers register themselves on import.
+        from controlplane import checks  # noqa: F401
         from controlplane.services import audit_verification  # noqa: F401

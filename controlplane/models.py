@@ -153,7 +153,9 @@ class AuditEvent(models.Model):
     """One change to the platform, linked into a hash chain.
 
     ``hash`` is SHA-256 over a canonical serialisation of the event including ``prev_hash``, so editing,
-    deleting or reordering any event breaks every later link (``services.audit.verify_chain``). On
+    deleting or reordering any event breaks every later link (``services.audit.verify_chain``). Which
+    columns the hash covers is fixed per ``hash_version`` (``services.audit.HASHED_FIELDS``): events
+    written before version 2 do not cover ``tenant_id`` and are cross-checked against ``tenant_slug``. On
     PostgreSQL a trigger makes the table append-only. Actor and tenant names are frozen copies, so the
     record stays readable after the user or robot is gone.
     """
@@ -177,6 +179,8 @@ class AuditEvent(models.Model):
     message = models.TextField(blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64, unique=True)
+    # No default: the one writer (services.audit.audit_record) states the format it hashed with.
+    hash_version = models.PositiveSmallIntegerField()
 
     class Meta:
         ordering = ["-seq"]

@@ -177,6 +177,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},
+    "checkpoint-audit-chain": {
+        "task": "controlplane.tasks.checkpoint_audit_chain",
+        "schedule": float(env_int("AUDIT_CHECKPOINT_INTERVAL_SECONDS", 300)),
+    },
     "reconcile-regions": {
         "task": "regions.tasks.reconcile_all",
         "schedule": env_int("RECONCILE_INTERVAL_SECONDS", 15),
@@ -246,6 +250,14 @@ ARTIFACT_INGEST_ON_REGISTER = env_bool("ARTIFACT_INGEST_ON_REGISTER", True)
 ARTIFACT_REPLICATE_ON_STAGED = env_bool("ARTIFACT_REPLICATE_ON_STAGED", True)
 # Replicas of retired versions are deleted this long after retirement (never while deployed).
 ARTIFACT_RETENTION_DAYS = env_int("ARTIFACT_RETENTION_DAYS", 7)
+
+# Signed checkpoints of the audit chain (docs/audit.md): key and log live outside the database. Locally a
+# key is generated under var/ on first use; elsewhere checkpoints are off until a key file is configured.
+AUDIT_CHECKPOINT_KEY_FILE = env_str(
+    "AUDIT_CHECKPOINT_KEY_FILE", str(VAR_DIR / "audit-checkpoint.key") if IS_LOCAL else ""
+)
+AUDIT_CHECKPOINT_KEY_GENERATE = IS_LOCAL and not env_str("AUDIT_CHECKPOINT_KEY_FILE")
+AUDIT_CHECKPOINT_DIR = env_str("AUDIT_CHECKPOINT_DIR", str(VAR_DIR / "audit-checkpoints"))
 
 # How long an Idempotency-Key is remembered.
 IDEMPOTENCY_TTL_HOURS = env_int("IDEMPOTENCY_TTL_HOURS", 24)

@@ -7,6 +7,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.models import IdempotencyRecord
+from controlplane.services.audit_checkpoints import checkpoint_head
 from controlplane.services.operations import operation_run
 
 
@@ -20,3 +21,10 @@ def prune_idempotency_records() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
     deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
     return deleted
+
+
+@shared_task(name="controlplane.tasks.checkpoint_audit_chain")
+def checkpoint_audit_chain() -> int | None:
+    """Anchor the audit chain head outside the database (docs/audit.md); the seq checkpointed, if any."""
+    checkpoint = checkpoint_head(now=timezone.now())
+    return checkpoint.seq if checkpoint else None

@@ -33,6 +33,14 @@ def _fresh_cache() -> None:
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _own_audit_checkpoints(settings, tmp_path) -> None:
+    """Audit checkpoints live outside the database; each test's database gets its own, fresh log."""
+    settings.AUDIT_CHECKPOINT_DIR = str(tmp_path / "audit-checkpoints")
+    settings.AUDIT_CHECKPOINT_KEY_FILE = str(tmp_path / "audit-checkpoint.key")
+    settings.AUDIT_CHECKPOINT_KEY_GENERATE = True
+
+
 @dataclass
 class World:
     tenant_a: Tenant
@@ -117,7 +125,16 @@ def database_url() -> str:
 def child_env(**extra: str) -> dict[str, str]:
     import os
 
-    return {**os.environ, "DATABASE_URL": database_url(), "LOG_FORMAT": "text", **extra}
+    from django.conf import settings
+
+    from controlplane.services.audit_checkpoints import checkpoint_key
+
+    checkpoint_key()  # created here: a child given a key file never generates one itself
+    audit = {
+        "AUDIT_CHECKPOINT_DIR": settings.AUDIT_CHECKPOINT_DIR,
+        "AUDIT_CHECKPOINT_KEY_FILE": settings.AUDIT_CHECKPOINT_KEY_FILE,
+    }
+    return {**os.environ, "DATABASE_URL": database_url(), "LOG_FORMAT": "text", **audit, **extra}
 
 
 @pytest.fixture

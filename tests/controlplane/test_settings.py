@@ -42,8 +42,19 @@ def test_deploy_check_passes_under_production_settings(tmp_path):
         ALLOWED_HOSTS="cp.example.com",
         CSRF_TRUSTED_ORIGINS="https://cp.example.com",
         SECRET_KEY_FILE=str(secret),
+        AUDIT_CHECKPOINT_KEY_FILE=str(secret),
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_deploy_check_warns_when_audit_checkpoints_are_off(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x" * 30 + "-production-secret-key-with-enough-entropy-0123456789")
+    env = {"ALLOWED_HOSTS": "cp.example.com", "SECRET_KEY_FILE": str(secret)}
+    off = run_manage("check", "--deploy", **env)
+    assert "controlplane.W001" in off.stderr + off.stdout
+    missing = run_manage("check", "--deploy", AUDIT_CHECKPOINT_KEY_FILE=str(tmp_path / "missing"), **env)
+    assert missing.returncode != 0 and "controlplane.E001" in missing.stderr + missing.stdout
 
 
 def test_production_without_secret_key_refuses_to_start():
