@@ -168,7 +168,8 @@ class ArtifactReplica(models.Model):
 
     pending → copying → verifying → ready;  copying/verifying → failed → (retry) pending;
     any → forbidden when residency (``controlplane.residency``) does not let the version be stored in the
-    region: outside its allowed jurisdictions or, for a private version, outside its owner's residency.
+    region: outside its allowed jurisdictions or, for a private version, outside its owner's residency;
+    forbidden → pending when a changed policy allows it again (the periodic pass checks every replica).
     ``upload_ids`` remembers the multipart upload of each blob so a copy resumes after a crash.
     """
 

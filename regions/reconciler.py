@@ -157,7 +157,7 @@ def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
 
     replica = replica_for(target.deployment.version, target.region)
     if enforce_residency(replica):  # a policy narrowed since the copy: never start from that copy
-        replica.refresh_from_db()
+        replica.refresh_from_db()  # for the reason
     if replica.state == ReplicaState.READY:
         return None
     if replica.state == ReplicaState.FORBIDDEN:

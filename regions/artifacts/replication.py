@@ -54,10 +54,8 @@ def resume_replication() -> list[int]:
     from regions.tasks import replicate_artifact
 
     now = timezone.now()
-    live = ArtifactReplica.objects.exclude(state=ReplicaState.FORBIDDEN).select_related(
-        "version__model__owner", "region"
-    )
-    due = [replica.pk for replica in live if not enforce_residency(replica) and needs_attempt(replica, now)]
+    every = ArtifactReplica.objects.select_related("version__model__owner", "region")
+    due = [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
     for replica_id in due:
         replicate_artifact.delay(replica_id)
     return due
@@ -81,12 +79,32 @@ def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:
 
 
 def enforce_residency(replica: ArtifactReplica) -> bool:
-    """Mark the replica forbidden when residency does not allow the version's weights in its region (now:
-    policies change after copies are made); True when it is forbidden."""
+    """Apply residency as it is now (policies change after copies are made): forbid the replica where the
+    version's weights may not be stored, reopen a forbidden one where they now may (its copy starts over,
+    ``replica`` is updated to match). True when the replica is forbidden."""
     reason = residency_refusal(weights_of(replica.version), replica.region.jurisdiction)
     if reason is not None:
-        _forbid(replica, reason)
+        if (replica.state, replica.last_error) != (ReplicaState.FORBIDDEN, reason):
+            _forbid(replica, reason)
+    elif replica.state == ReplicaState.FORBIDDEN:
+        _reopen(replica)
     return reason is not None
+
+
+def _reopen(replica: ArtifactReplica) -> None:
+    with transaction.atomic():
+        now = timezone.now()
+        fields = {"state": ReplicaState.PENDING, "attempts": 0, "last_error": "", "updated_at": now}
+        if ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(**fields):
+            for name, value in fields.items():
+                setattr(replica, name, value)
+            audit_record(
+                actor=SYSTEM,
+                action="artifact.replication_allowed",
+                target=replica.version,
+                tenant=replica.version.model.owner,
+                message=f"{replica.region.code}: residency now allows the weights here",
+            )
 
 
 def _forbid(replica: ArtifactReplica, reason: str) -> None:
@@ -97,7 +115,9 @@ def _forbid(replica: ArtifactReplica, reason: str) -> None:
             .exclude(state=ReplicaState.FORBIDDEN)
             .update(state=ReplicaState.FORBIDDEN, last_error=reason, updated_at=timezone.now())
         )
-        if moved:
+        if not moved:  # forbidden already; keep the reason current (the policy may have changed again)
+            ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=reason).update(last_error=reason)
+        else:
             audit_record(
                 actor=SYSTEM,
                 action="artifact.replication_forbidden",

@@ -28,10 +28,9 @@ def replica_request(*, actor: Principal, version: ModelVersion, region: Region) 
     replica is forbidden at once (and the copy task checks again before a byte moves)."""
     actor.require(Scope.REGISTRY_WRITE, version.model.owner_id)
     replica = replica_for(version, region)
-    if enforce_residency(replica):
-        replica.refresh_from_db()
-    else:
+    if not enforce_residency(replica):
         _enqueue(replica)
+    replica.refresh_from_db()
     return replica
 
 

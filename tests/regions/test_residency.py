@@ -113,3 +113,24 @@ def test_narrowing_residency_forbids_existing_copies_and_collects_them(
     assert not holds(us, eu_private.artifact_sha256) and holds(eu, eu_private.artifact_sha256)
     assert ArtifactReplica.objects.get(region=us).state == "forbidden"
     assert AuditEvent.objects.filter(action="artifact.replica_deleted").count() == 1
+
+
+def test_a_copy_requested_through_the_api_is_forbidden_in_the_answer(
+    world, eu_private, make_region, tmp_path, api, enqueued_nothing
+):
+    us = stored_region(make_region, tmp_path, "us-east-1", "US")
+    body = {"model": "acme/llama-3-8b", "version": "1.0.0", "region": us.code}
+    answer = api(world.alice).post("/api/v1/artifacts/replicas/", body, format="json")
+    assert answer.status_code == 202 and answer.json()["state"] == "forbidden", answer.json()
+    assert "acme" in answer.json()["last_error"] and not enqueued_nothing
+    outsider = api(world.bob).post("/api/v1/artifacts/replicas/", body, format="json")
+    assert outsider.status_code == 404  # another tenant's model is not there for globex
+
+
+@pytest.fixture
+def enqueued_nothing(monkeypatch):  # type: ignore[no-untyped-def]
+    from regions import tasks
+
+    sent: list[int] = []
+    monkeypatch.setattr(tasks.replicate_artifact, "delay", sent.append)
+    return sent
