@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from billing.choices import PricingModel
 from billing.costing import CENT
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
+from billing.residency import audit_usage_outside_residency
 from controlplane.choices import AuditSource, Scope
 from controlplane.errors import Conflict, ValidationFailed
 from controlplane.models import Tenant
@@ -69,6 +70,7 @@ def usage_ingest(*, actor: Principal, records: list[dict[str, Any]]) -> dict[str
             r.request_id: r for r in rows if r.request_id not in known
         }  # duplicates inside the batch too
         UsageRecord.objects.bulk_create(fresh.values(), ignore_conflicts=True)
+        audit_usage_outside_residency(fresh.values())  # billed all the same, but never silently
     return {"accepted": len(fresh), "duplicates": len(rows) - len(fresh)}
 
 

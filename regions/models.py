@@ -167,7 +167,9 @@ class ArtifactReplica(models.Model):
     """A model version's weights, verified, in one region's object store.
 
     pending → copying → verifying → ready;  copying/verifying → failed → (retry) pending;
-    pending → forbidden when the region's jurisdiction is outside the version's allowed jurisdictions.
+    any → forbidden when residency (``controlplane.residency``) does not let the version be stored in the
+    region: outside its allowed jurisdictions or, for a private version, outside its owner's residency;
+    forbidden → pending when a changed policy allows it again (the periodic pass checks every replica).
     ``upload_ids`` remembers the multipart upload of each blob so a copy resumes after a crash.
     """
 

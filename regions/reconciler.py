@@ -152,10 +152,12 @@ def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
     """In a region with its own object store, engines start only from a verified copy of the weights there."""
     if not target.region.object_store or effective_replicas(target) == 0:
         return None
-    from regions.artifacts.replication import needs_attempt, replica_for
+    from regions.artifacts.replication import enforce_residency, needs_attempt, replica_for
     from regions.tasks import replicate_artifact
 
     replica = replica_for(target.deployment.version, target.region)
+    if enforce_residency(replica):  # a policy narrowed since the copy: never start from that copy
+        replica.refresh_from_db()  # for the reason
     if replica.state == ReplicaState.READY:
         return None
     if replica.state == ReplicaState.FORBIDDEN:

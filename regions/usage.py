@@ -21,15 +21,17 @@ def deployments_using(version: ModelVersion) -> list[str]:
 @on_transition
 def replicate_ahead_when_staged(version: ModelVersion, state: str) -> None:
     """A staged version is about to be deployed: start copying its weights into every region with an object
-    store that may hold them, so the first deployment there does not wait for the copy."""
+    store that residency lets hold them, so the first deployment there does not wait for the copy."""
     from django.conf import settings
 
+    from controlplane.residency import residency_refusal, weights_of
     from regions.artifacts.replication import replica_for
     from regions.models import Region
     from regions.tasks import replicate_artifact
 
     if state != VersionStatus.STAGED or not settings.ARTIFACT_REPLICATE_ON_STAGED:
         return
-    regions = Region.objects.exclude(object_store={}).filter(jurisdiction__in=version.allowed_jurisdictions)
-    for region in regions:
-        replicate_artifact.delay(replica_for(version, region).pk)
+    weights = weights_of(version)
+    for region in Region.objects.exclude(object_store={}):
+        if residency_refusal(weights, region.jurisdiction) is None:
+            replicate_artifact.delay(replica_for(version, region).pk)

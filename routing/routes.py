@@ -3,9 +3,9 @@
 For every tenant and every model name it may call (its deployments' names), the endpoints that may serve
 it, in priority tiers and with weights. Residency is a hard filter; everything else is a preference:
 
-- eligible: the deployment is ready in the region, the region is active, its jurisdiction is inside both
-  the tenant's residency and the version's allowed jurisdictions, the weights are verified there, and the
-  endpoint is healthy;
+- eligible: the deployment is ready in the region, the region is active, residency lets the version be
+  served there to this tenant (``controlplane.residency``; per tenant, also for shared deployments), the
+  weights are verified there, and the endpoint is healthy;
 - priority: regions ordered by distance from the tenant's home region (nearest first), then by price,
   then by code: a gateway sends to the lowest tier that has an endpoint left, so traffic stays home
   and moves to the next compliant region only when home has nothing healthy;
@@ -20,6 +20,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+
+from controlplane.residency import Residency, Weights, residency_refusal
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Placement:
     endpoints: tuple[Endpoint, ...] = ()
     location: tuple[float, float] | None = None  # latitude, longitude
     gpu_hour_price: Decimal | None = None
+    owner: Residency | None = None  # the version's owning tenant; None for a platform catalog version
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,18 @@ def distance_km(a: tuple[float, float] | None, b: tuple[float, float] | None) ->
     return 2 * 6371 * math.asin(min(1.0, math.sqrt(h)))
 
 
+def _refusal(policy: TenantPolicy, placement: Placement) -> str | None:
+    weights = Weights(placement.version, placement.allowed_jurisdictions, placement.owner)
+    return residency_refusal(
+        weights, placement.jurisdiction, serving=Residency(policy.slug, policy.residency)
+    )
+
+
 def _why_not(policy: TenantPolicy, placement: Placement) -> str:
     """Why a placement cannot serve this tenant ('' when it can)."""
-    if placement.jurisdiction not in policy.residency:
-        return f"{placement.region} ({placement.jurisdiction}) is outside the tenant's residency"
-    if placement.jurisdiction not in placement.allowed_jurisdictions:
-        return f"{placement.region} ({placement.jurisdiction}) is outside the version's allowed jurisdictions"
+    refusal = _refusal(policy, placement)
+    if refusal is not None:
+        return f"{placement.region}: {refusal}"
     if not placement.region_active:
         return f"{placement.region} is draining or disabled"
     if not placement.ready:
@@ -118,7 +127,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, ob
         for endpoint in placement.endpoints
         if endpoint.healthy
     ]
-    compliant = [p for p in mine if p.jurisdiction in policy.residency & p.allowed_jurisdictions]
+    compliant = [p for p in mine if _refusal(policy, p) is None]
     # Where the traffic goes when everything is healthy: moving back there is a failback.
     entry: dict[str, object] = {"endpoints": endpoints, "preferred": compliant[0].region if compliant else ""}
     if not endpoints:

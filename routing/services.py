@@ -14,6 +14,7 @@ from billing.reports import prices_now
 from controlplane.choices import AuditSource, Scope, TenantStatus
 from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
+from controlplane.residency import weights_of
 from controlplane.services.audit import audit_record
 from regions.choices import DeploymentState, RegionStatus, ReplicaState, TargetStatus
 from regions.models import ArtifactReplica, DeploymentTarget, Region
@@ -67,7 +68,7 @@ def placements() -> list[Placement]:
         ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
     )
     targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
-        "deployment__owner", "deployment__version__model", "region"
+        "deployment__owner", "deployment__version__model__owner", "region"
     )
     price_of = prices_now()  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
@@ -99,6 +100,7 @@ def placements() -> list[Placement]:
                 ready=target.status in (TargetStatus.READY, TargetStatus.DEGRADED) and bool(endpoints),
                 weights_verified=not region.object_store or (version.pk, region.pk) in verified,
                 endpoints=endpoints,
+                owner=weights_of(version).owner,
                 location=_location(region),
                 gpu_hour_price=price_of(region, deployment.gpu_type),
             )

@@ -1,8 +1,12 @@
 """Replicating a model version's weights from the home store into a region's store.
 
-Residency fails closed: a region outside the version's allowed jurisdictions gets state ``forbidden``
-(audited) and not one byte. A replica is claimed with a lease by conditional UPDATE, copied blob by blob
-(resumable, parallel parts), verified by SHA-256 at the destination, and only then ``ready``.
+Residency fails closed: a region where the version may not be stored (``controlplane.residency``: the
+version's allowed jurisdictions and, for a tenant's private version, the owner's residency) gets state
+``forbidden`` (audited) and not one byte; the periodic pass re-checks every replica, ready ones included, so
+a narrowed policy forbids copies made before (garbage collection then deletes their bytes).
+
+A replica is claimed with a lease by conditional UPDATE, copied blob by blob (resumable, parallel parts),
+verified by SHA-256 at the destination, and only then ``ready``.
 """
 
 import time
@@ -16,6 +20,7 @@ from django.utils import timezone
 
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
+from controlplane.residency import residency_refusal, weights_of
 from controlplane.services.audit import audit_record
 from regions.artifacts.copier import CopyTuning, copy_blob, verify_blob
 from regions.artifacts.stores import ObjectStore, store_from_config
@@ -49,8 +54,8 @@ def resume_replication() -> list[int]:
     from regions.tasks import replicate_artifact
 
     now = timezone.now()
-    unfinished = ArtifactReplica.objects.exclude(state__in=[ReplicaState.READY, ReplicaState.FORBIDDEN])
-    due = [replica.pk for replica in unfinished if needs_attempt(replica, now)]
+    every = ArtifactReplica.objects.select_related("version__model__owner", "region")
+    due = [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
     for replica_id in due:
         replicate_artifact.delay(replica_id)
     return due
@@ -73,17 +78,46 @@ def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:
     return replica
 
 
-def _forbid(replica: ArtifactReplica) -> None:
+def enforce_residency(replica: ArtifactReplica) -> bool:
+    """Apply residency as it is now (policies change after copies are made): forbid the replica where the
+    version's weights may not be stored, reopen a forbidden one where they now may (its copy starts over,
+    ``replica`` is updated to match). True when the replica is forbidden."""
+    reason = residency_refusal(weights_of(replica.version), replica.region.jurisdiction)
+    if reason is not None:
+        if (replica.state, replica.last_error) != (ReplicaState.FORBIDDEN, reason):
+            _forbid(replica, reason)
+    elif replica.state == ReplicaState.FORBIDDEN:
+        _reopen(replica)
+    return reason is not None
+
+
+def _reopen(replica: ArtifactReplica) -> None:
+    with transaction.atomic():
+        now = timezone.now()
+        fields = {"state": ReplicaState.PENDING, "attempts": 0, "last_error": "", "updated_at": now}
+        if ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(**fields):
+            for name, value in fields.items():
+                setattr(replica, name, value)
+            audit_record(
+                actor=SYSTEM,
+                action="artifact.replication_allowed",
+                target=replica.version,
+                tenant=replica.version.model.owner,
+                message=f"{replica.region.code}: residency now allows the weights here",
+            )
+
+
+def _forbid(replica: ArtifactReplica, reason: str) -> None:
     version, region = replica.version, replica.region
-    allowed = ", ".join(version.allowed_jurisdictions) or "none"
-    reason = f"{version} may not be stored in {region.jurisdiction} (allowed: {allowed})"
     with transaction.atomic():
         moved = (
             ArtifactReplica.objects.filter(pk=replica.pk)
             .exclude(state=ReplicaState.FORBIDDEN)
             .update(state=ReplicaState.FORBIDDEN, last_error=reason, updated_at=timezone.now())
         )
-        if moved:
+        if not moved:  # forbidden already; keep the reason current (the policy may have changed again)
+            ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=reason).update(last_error=reason)
+        else:
             audit_record(
                 actor=SYSTEM,
                 action="artifact.replication_forbidden",
@@ -105,13 +139,11 @@ def _claim(replica: ArtifactReplica) -> bool:
 def replicate(replica_id: int, tuning: CopyTuning | None = None) -> ArtifactReplica:
     """Bring one replica to ready (or forbidden/failed). Safe to call repeatedly and concurrently."""
     replica = ArtifactReplica.objects.select_related("version__model__owner", "region").get(pk=replica_id)
-    if replica.region.jurisdiction not in replica.version.allowed_jurisdictions:
-        _forbid(replica)
-    elif _claim(replica):
+    if not enforce_residency(replica) and _claim(replica):
         try:
             _copy_and_verify(replica, tuning or CopyTuning(**settings.ARTIFACT_COPY_TUNING))
         except (DriverError, OSError, Exception) as exc:  # any failure is recorded; the next attempt resumes
-            ArtifactReplica.objects.filter(pk=replica.pk).update(
+            ArtifactReplica.objects.filter(pk=replica.pk).exclude(state=ReplicaState.FORBIDDEN).update(
                 state=ReplicaState.FAILED,
                 last_error=str(exc)[:2000],
                 attempts=F("attempts") + 1,
@@ -155,13 +187,14 @@ def _copy_and_verify(replica: ArtifactReplica, tuning: CopyTuning) -> None:
         if not result.verified:
             unverified.append(sha)
         done += size
-    ArtifactReplica.objects.filter(pk=replica.pk).update(
+    # Conditional: a replica forbidden meanwhile stays forbidden (garbage collection deletes the bytes).
+    ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.COPYING).update(
         state=ReplicaState.VERIFYING, updated_at=timezone.now()
     )
     for sha in unverified:
         verify_blob(target, sha)  # read back and hash what the destination holds
     seconds = max(time.monotonic() - started, 1e-6)
-    ArtifactReplica.objects.filter(pk=replica.pk).update(
+    ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.VERIFYING).update(
         state=ReplicaState.READY,
         bytes_copied=replica.bytes_total,
         upload_ids={},

@@ -1,16 +1,19 @@
-"""Actions on replicas: request a copy ahead of deployment, retry a failed one, collect garbage."""
+"""Actions on replicas: request a copy ahead of deployment, retry a failed one, collect garbage (the copies
+of retired versions, and any bytes left in a region where residency now forbids them)."""
 
-from datetime import timedelta
+from contextlib import suppress
+from datetime import datetime, timedelta
 from functools import partial
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.choices import AuditSource, Scope
 from controlplane.errors import Conflict
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
-from regions.artifacts.replication import blobs_of, replica_for
+from regions.artifacts.replication import blobs_of, enforce_residency, replica_for
 from regions.artifacts.stores import blob_key, store_from_config
 from regions.choices import DeploymentState, ReplicaState
 from regions.models import ArtifactReplica, Deployment, Region
@@ -21,10 +24,13 @@ SYSTEM = Principal.system("artifact-gc", source=AuditSource.TASK)
 
 
 def replica_request(*, actor: Principal, version: ModelVersion, region: Region) -> ArtifactReplica:
-    """Copy a version's weights into a region ahead of any deployment (residency is checked by the copy)."""
+    """Copy a version's weights into a region ahead of any deployment; where residency forbids it the
+    replica is forbidden at once (and the copy task checks again before a byte moves)."""
     actor.require(Scope.REGISTRY_WRITE, version.model.owner_id)
     replica = replica_for(version, region)
-    _enqueue(replica)
+    if not enforce_residency(replica):
+        _enqueue(replica)
+    replica.refresh_from_db()
     return replica
 
 
@@ -54,8 +60,41 @@ def _enqueue(replica: ArtifactReplica) -> None:
 
 
 def collect_garbage(retention: timedelta) -> list[str]:
-    """Delete replicas of versions retired longer than ``retention`` ago, never one a deployment uses."""
-    cutoff = timezone.now() - retention
+    """Delete replicas of versions retired longer than ``retention`` ago, never one a deployment uses; and
+    the bytes of forbidden replicas (copied before a policy narrowed), whose rows stay ``forbidden``."""
+    removed = _collect_retired(timezone.now() - retention)
+    for replica in (
+        ArtifactReplica.objects.filter(state=ReplicaState.FORBIDDEN)
+        .filter(Q(bytes_copied__gt=0) | Q(finished_at__isnull=False) | ~Q(upload_ids={}))
+        .select_related("version__model__owner", "region")
+    ):
+        _delete_blobs(replica)
+        with transaction.atomic():
+            ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(
+                bytes_copied=0, finished_at=None, upload_ids={}, updated_at=timezone.now()
+            )
+            audit_record(
+                actor=SYSTEM,
+                action="artifact.replica_deleted",
+                target=replica.version,
+                tenant=replica.version.model.owner,
+                message=f"{replica.region.code}: {replica.last_error}",
+            )
+        removed.append(str(replica))
+    return removed
+
+
+def _delete_blobs(replica: ArtifactReplica) -> None:
+    store = store_from_config(replica.region.object_store)
+    for sha, _ in blobs_of(replica.version):
+        if not _shared(sha, replica):
+            store.delete(blob_key(sha))
+    for sha, upload_id in replica.upload_ids.items():  # a copy cut short leaves parts behind
+        with suppress(Exception):  # that upload may have completed or expired since
+            store.abort(blob_key(sha), upload_id)
+
+
+def _collect_retired(cutoff: datetime) -> list[str]:
     removed = []
     candidates = ArtifactReplica.objects.filter(
         version__status=VersionStatus.RETIRED, version__status_changed_at__lt=cutoff, state=ReplicaState.READY
@@ -64,10 +103,7 @@ def collect_garbage(retention: timedelta) -> list[str]:
         used = Deployment.objects.filter(version=replica.version).exclude(state=DeploymentState.DELETED)
         if used.exists():
             continue
-        store = store_from_config(replica.region.object_store)
-        for sha, _ in blobs_of(replica.version):
-            if not _shared(sha, replica):
-                store.delete(blob_key(sha))
+        _delete_blobs(replica)
         with transaction.atomic():
             ArtifactReplica.objects.filter(pk=replica.pk).delete()
             audit_record(
@@ -82,8 +118,12 @@ def collect_garbage(retention: timedelta) -> list[str]:
 
 
 def _shared(sha: str, replica: ArtifactReplica) -> bool:
-    """Content addressing lets versions share files; keep a blob another live replica still needs."""
+    """Content addressing lets versions share files; keep a blob another live replica still needs (a
+    forbidden one needs nothing)."""
     others = (
-        ArtifactReplica.objects.filter(region=replica.region).exclude(pk=replica.pk).select_related("version")
+        ArtifactReplica.objects.filter(region=replica.region)
+        .exclude(pk=replica.pk)
+        .exclude(state=ReplicaState.FORBIDDEN)
+        .select_related("version")
     )
     return any(sha in {s for s, _ in blobs_of(other.version)} for other in others)

@@ -1,7 +1,7 @@
 """Admission: which regions a deployment may go to, and why the others are excluded.
 
-A region qualifies when it is active, its jurisdiction is inside both the tenant's residency policy and
-the model version's allowed jurisdictions, and its GPU pool has room. Residency is never traded for
+A region qualifies when it is active, residency allows the version to be served there to the tenant
+(``controlplane.residency``), and its GPU pool has room. Residency is never traded for
 capacity: a deployment with no compliant region is refused, not placed elsewhere.
 """
 
@@ -11,6 +11,7 @@ from controlplane.choices import Scope
 from controlplane.errors import Conflict
 from controlplane.models import Tenant
 from controlplane.principal import Principal
+from controlplane.residency import residency_of, residency_refusal, weights_of
 from regions.choices import RegionStatus
 from regions.models import Deployment, Region
 from regions.selectors import gpus_in_use, tenant_gpus_in_use
@@ -65,20 +66,14 @@ def region_choices(
     exclude: Deployment | None = None,
 ) -> list[RegionChoice]:
     choices = []
+    weights, serving = weights_of(version), residency_of(tenant)
     for region in Region.objects.prefetch_related("gpu_pools").order_by("code"):
         choice = RegionChoice(region)
         if region.status != RegionStatus.ACTIVE:
             choice.reasons.append(f"region is {region.status}")
-        if region.jurisdiction not in tenant.residency:
-            choice.reasons.append(
-                f"{region.jurisdiction} is outside {tenant.slug}'s residency policy "
-                f"({', '.join(tenant.residency)})"
-            )
-        if region.jurisdiction not in version.allowed_jurisdictions:
-            allowed = ", ".join(version.allowed_jurisdictions) or "none set"
-            choice.reasons.append(
-                f"{version} may not be served in {region.jurisdiction} (allowed: {allowed})"
-            )
+        refusal = residency_refusal(weights, region.jurisdiction, serving=serving)
+        if refusal is not None:
+            choice.reasons.append(refusal)
         pool = next((p for p in region.gpu_pools.all() if p.gpu_type == gpu_type), None)
         if pool is None:
             choice.reasons.append(f"no {gpu_type} GPUs in this region")
