@@ -202,7 +202,13 @@ class AuditChainHead(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The stored answer to a POST sent with an ``Idempotency-Key``, replayed for retries."""
+    """The stored answer to a POST sent with an ``Idempotency-Key``, replayed for retries.
+
+    A key belongs to the credential that sent it (``principal_key``: the token, or the session's user)
+    and to one endpoint (method and path). ``response_body`` never holds a secret (the API redacts it
+    before storing), and ``required_checks`` lists the permission checks the first request passed, which
+    a replay must pass again.
+    """
 
     key = models.CharField(max_length=200)
     principal_key = models.CharField(max_length=100)
@@ -212,12 +218,14 @@ class IdempotencyRecord(models.Model):
     status_code = models.PositiveSmallIntegerField()
     response_body = models.JSONField(null=True)
     response_headers = models.JSONField(default=dict)
+    required_checks = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["principal_key", "key"], name="idempotency_unique_key_per_principal"
+                fields=["principal_key", "method", "path", "key"],
+                name="idempotency_unique_key_per_credential_endpoint",
             )
         ]
 

@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from controlplane import selectors
 from controlplane.api import serializers as s
-from controlplane.api.conventions import etag, expected_revision, idempotent
+from controlplane.api.conventions import REDACT_ATTRIBUTE, etag, expected_revision, idempotent
 from controlplane.api.filters import AuditEventFilter
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
@@ -24,6 +24,10 @@ from controlplane.models import ApiToken, AuditEvent, Operation, ServiceAccount,
 from controlplane.principal import Principal
 from controlplane.services import operations, tenants, tokens, users
 
+SECRET_NOT_REPLAYED = (
+    "The secret is shown only once, in the first response, and is never stored, so this replay cannot"
+    " show it. If it was lost, revoke token {pk} and mint a new one."
+)
 ERRORS = {code: OpenApiResponse(description="Error envelope") for code in (400, 401, 403, 404, 409, 412, 422)}
 
 
@@ -217,7 +221,9 @@ class TokenViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSe
                 raise NotFound(f"No service account {robot_id}.")
         token, secret = tokens.token_create(actor=self.principal, service_account=robot, **fields)
         token.secret = secret  # type: ignore[attr-defined]
-        return Response(s.TokenCreatedSerializer(token).data, status=201)
+        response = Response(s.TokenCreatedSerializer(token).data, status=201)
+        setattr(response, REDACT_ATTRIBUTE, {"secret": SECRET_NOT_REPLAYED.format(pk=token.pk)})
+        return response
 
     @extend_schema(request=None, responses={200: s.TokenSerializer, **ERRORS})
     @action(detail=True, methods=["post"])
