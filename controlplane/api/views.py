@@ -163,9 +163,10 @@ class MeView(PrincipalMixin):
                 "name": p.name,
                 "kind": p.kind,
                 "platform_role": p.platform_role,
+                # Where the caller belongs, whatever its token may read there.
                 "tenants": {
                     slug: p.tenant_roles[pk]
-                    for pk, slug in selectors.tenants_for(p)
+                    for pk, slug in selectors.tenants_for(p, None)
                     .filter(pk__in=p.tenant_roles)
                     .values_list("pk", "slug")
                 },
@@ -192,7 +193,7 @@ class ServiceAccountViewSet(
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         slug = fields.pop("tenant", None)
-        tenant = selectors.tenant_get(self.principal, slug) if slug else None
+        tenant = selectors.tenant_get(self.principal, slug, None) if slug else None
         robot = tenants.service_account_create(actor=self.principal, tenant=tenant, **fields)
         return Response(s.ServiceAccountSerializer(robot).data, status=201)
 
