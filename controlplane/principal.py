@@ -39,6 +39,8 @@ class Principal:
     @classmethod
     def for_user(cls, user: User, *, source: str, token: ApiToken | None = None) -> "Principal":
         roles = dict(user.memberships.values_list("tenant_id", "role"))
+        if token is not None and token.tenant_id is not None:  # a bound token acts in its tenant only
+            roles = {tid: role for tid, role in roles.items() if tid == token.tenant_id}
         return cls(
             kind=ActorType.USER,
             name=user.username,

@@ -10,7 +10,16 @@ from django.db.models import Model, Q, QuerySet
 
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
-from controlplane.models import ApiToken, AuditEvent, Membership, Operation, ServiceAccount, Tenant, User
+from controlplane.models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Membership,
+    Operation,
+    ServiceAccount,
+    Tenant,
+    User,
+)
 from controlplane.principal import Principal
 
 
@@ -79,6 +88,26 @@ def user_get(principal: Principal, username: str) -> User:
     if user is None:
         raise NotFound(f"No user '{username}'.")
     return user
+
+
+def invitations_of_tenant(principal: Principal, tenant: Tenant) -> QuerySet[Invitation]:
+    """A tenant's invitations, for those who manage its members."""
+    principal.require(Scope.MEMBERS_WRITE, tenant.pk)
+    return Invitation.objects.filter(tenant=tenant).select_related("tenant", "user")
+
+
+def invitations_to(principal: Principal) -> QuerySet[Invitation]:
+    """The invitations addressed to the calling person (none for robots)."""
+    if principal.user is None:
+        return Invitation.objects.none()
+    return Invitation.objects.filter(user=principal.user).select_related("tenant", "user")
+
+
+def invitation_to_get(principal: Principal, pk: int) -> Invitation:
+    invitation = invitations_to(principal).filter(pk=pk).first()
+    if invitation is None:
+        raise NotFound(f"No invitation {pk} for you.")
+    return invitation
 
 
 def user_by_username(username: str) -> User:

@@ -104,6 +104,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# A tenant admin's invitation to an existing user stays open this long.
+INVITATION_TTL_DAYS = env_int("INVITATION_TTL_DAYS", 7)
+
 REDIS_URL = env_str("REDIS_URL")
 CACHES = {
     "default": (
@@ -174,6 +177,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},

@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from controlplane.models import IdempotencyRecord
 from controlplane.services.operations import operation_run
+from controlplane.services.tenants import invitations_expire
 
 
 @shared_task(name="controlplane.tasks.run_operation")
@@ -20,3 +21,8 @@ def prune_idempotency_records() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
     deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
     return deleted
+
+
+@shared_task(name="controlplane.tasks.expire_invitations")
+def expire_invitations() -> int:
+    return invitations_expire(now=timezone.now())

@@ -20,7 +20,7 @@ from controlplane.api.conventions import REDACT_ATTRIBUTE, etag, expected_revisi
 from controlplane.api.filters import AuditEventFilter
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
-from controlplane.models import ApiToken, AuditEvent, Operation, ServiceAccount, Tenant, User
+from controlplane.models import ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services import operations, tenants, tokens, users
 
@@ -125,6 +125,61 @@ class MemberViewSet(PrincipalMixin, viewsets.ViewSet):
         return Response(status=204)
 
 
+class TenantInvitationViewSet(PrincipalMixin, viewsets.ViewSet):
+    """Invitations of one tenant: /tenants/{slug}/invitations/ (for those who manage its members)."""
+
+    serializer_class = s.InvitationSerializer
+
+    @extend_schema(responses={200: s.InvitationSerializer(many=True), **ERRORS})
+    def list(self, request: Request, tenant_slug: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        found = selectors.invitations_of_tenant(self.principal, tenant)
+        return Response(s.InvitationSerializer(found, many=True).data)
+
+    @extend_schema(request=s.InvitationCreateSerializer, responses={201: s.InvitationSerializer, **ERRORS})
+    @idempotent
+    def create(self, request: Request, tenant_slug: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        data = s.InvitationCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = selectors.user_by_username(data.validated_data["username"])
+        invitation = tenants.invitation_create(
+            actor=self.principal, tenant=tenant, user=user, role=data.validated_data["role"]
+        )
+        return Response(s.InvitationSerializer(invitation).data, status=201)
+
+
+class InvitationViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The invitations addressed to you: /invitations/; accept or decline them."""
+
+    serializer_class = s.InvitationSerializer
+
+    def get_queryset(self) -> Any:
+        return self.scoped(selectors.invitations_to, Invitation)
+
+    @extend_schema(request=None, responses={200: s.MembershipSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def accept(self, request: Request, pk: str) -> Response:
+        invitation = selectors.invitation_to_get(self.principal, _int_id(pk))
+        membership = tenants.invitation_accept(actor=self.principal, invitation=invitation)
+        return Response(s.MembershipSerializer(membership).data)
+
+    @extend_schema(request=None, responses={200: s.InvitationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def decline(self, request: Request, pk: str) -> Response:
+        invitation = selectors.invitation_to_get(self.principal, _int_id(pk))
+        invitation = tenants.invitation_decline(actor=self.principal, invitation=invitation)
+        return Response(s.InvitationSerializer(invitation).data)
+
+
+def _int_id(pk: str) -> int:
+    if not pk.isdigit() or len(pk) > 18:
+        raise NotFound(f"No invitation {pk} for you.")
+    return int(pk)
+
+
 class UserViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.UserSerializer
     lookup_field = "username"
@@ -142,7 +197,10 @@ class UserViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet
     def create(self, request: Request) -> Response:
         data = s.UserCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = users.user_create(actor=self.principal, **data.validated_data)
+        fields = dict(data.validated_data)
+        slug = fields.pop("tenant", None)
+        tenant = selectors.tenant_get(self.principal, slug, None) if slug else None
+        user = users.user_create(actor=self.principal, tenant=tenant, **fields)
         return Response(s.UserSerializer(user).data, status=201)
 
     @extend_schema(request=s.UserRoleSerializer, responses={200: s.UserSerializer, **ERRORS})
@@ -215,6 +273,8 @@ class TokenViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSe
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         robot_id = fields.pop("service_account", None)
+        slug = fields.pop("tenant", None)
+        fields["tenant"] = selectors.tenant_get(self.principal, slug, None) if slug else None
         robot = None
         if robot_id is not None:
             robot = selectors.service_accounts_for(self.principal).filter(pk=robot_id).first()
