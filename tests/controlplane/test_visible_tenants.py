@@ -79,3 +79,26 @@ def test_an_operator_sees_the_tenant_robot_tokens_it_may_revoke(world, api):
     listed = {t["name"] for t in api(world.operator).get("/api/v1/tokens/").json()["results"]}
     assert "b" in listed
     assert Scope.TOKENS_WRITE in principal(world.operator).platform_scopes
+
+
+def test_the_access_control_docs_automation_example_works_as_written(db, api, monkeypatch):
+    """Run docs/access-control.md's commands literally, then use the robot's token as the docs say."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "access-control.md").read_text()
+    block = text.split("## Automation", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    monkeypatch.setenv("CONTROLPLANE_PASSWORD", "correct-horse-battery-9")
+    secret = ""
+    for command in block.replace("\\\n", " ").strip().splitlines():
+        command = re.sub(r"^\S+=\S+ ", "", command.split("#")[0].strip())
+        words = shlex.split(command)
+        assert words[:2] == ["python", "manage.py"], command
+        out = io.StringIO()
+        call_command(*words[2:], stdout=out)
+        secret = out.getvalue().strip()
+    client = api(secret=secret)
+    created = client.post("/api/v1/models/", {"owner": "helvetia", "name": "llama-3-8b"}, format="json")
+    assert created.status_code == 201, created.json()
+    assert client.get("/api/v1/me/").json()["tenants"] == {"helvetia": "developer"}
