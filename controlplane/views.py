@@ -70,7 +70,12 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Tenants", "dashboard:tenants", Scope.TENANTS_READ in scopes),
         ("Users", "dashboard:users", Scope.TENANTS_READ in scopes),
         ("Tokens", "dashboard:tokens", True),
-        ("Invitations", "dashboard:invitations", p.user is not None),
+        # Shown while an invitation waits for an answer (the page itself is always reachable).
+        (
+            "Invitations",
+            "dashboard:invitations",
+            selectors.invitations_to(p).filter(status="pending").exists(),
+        ),
     ]
     return {"nav_items": [(label, name) for label, name, shown in items if shown], "principal": p}
 
