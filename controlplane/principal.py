@@ -30,8 +30,9 @@ class Principal:
     platform_role: str = PlatformRole.NONE
     tenant_roles: dict[int, str] = field(default_factory=dict)
     token_scopes: frozenset[str] | None = None
-    # Every require()/require_any() this principal passed: an idempotent replay re-checks them.
-    passed_checks: list[dict[str, object]] = field(default_factory=list, repr=False, compare=False)
+    # While a list (an idempotent request records into it), every require()/require_any() passed; a
+    # replay re-checks them. None otherwise, so long-lived principals (tasks' SYSTEM) record nothing.
+    passed_checks: list[dict[str, object]] | None = field(default=None, repr=False, compare=False)
 
     is_authenticated = True
     is_anonymous = False
@@ -105,13 +106,15 @@ class Principal:
         if not self.may(scope, tenant_id):
             where = "on this tenant" if tenant_id is not None else "platform-wide"
             raise Forbidden(f"This action needs the '{scope}' permission {where}.", detail={"scope": scope})
-        self.passed_checks.append({"scope": scope, "tenant": tenant_id})
+        if self.passed_checks is not None:
+            self.passed_checks.append({"scope": scope, "tenant": tenant_id})
 
     def require_any(self, scope: str) -> None:
         """The principal holds ``scope`` somewhere (platform-wide or in at least one tenant)."""
         if scope not in self.all_scopes:
             raise Forbidden(f"This needs the '{scope}' permission.", detail={"scope": scope})
-        self.passed_checks.append({"scope": scope, "anywhere": True})
+        if self.passed_checks is not None:
+            self.passed_checks.append({"scope": scope, "anywhere": True})
 
     def recheck(self, checks: list[dict[str, object]]) -> None:
         """Pass again every check another request of this credential passed (raises Forbidden)."""

@@ -61,6 +61,12 @@ def tenants_for(principal: Principal, scope: str | None = Scope.TENANTS_READ) ->
     return scoped(Tenant.objects.all(), principal, scope, field="pk")
 
 
+def tenants_joined(principal: Principal) -> QuerySet[Tenant]:
+    """The tenants the caller is a member of (its role there in ``principal.tenant_roles``), whatever
+    its platform role: for /me/ and for choosing the tenant a new token is bound to."""
+    return Tenant.objects.filter(pk__in=principal.tenant_roles)
+
+
 def tenant_get(principal: Principal, slug: str, scope: str | None = Scope.TENANTS_READ) -> Tenant:
     """A tenant the caller belongs to, by slug (404 otherwise, so existence is not revealed); 403 when
     it belongs there but lacks ``scope`` (None: resolve only, the service checks the action)."""

@@ -248,7 +248,7 @@ def _token_owners(p: Principal) -> list[tuple[str, str]]:
 
 
 def _token_tenants(p: Principal) -> list[tuple[str, str]]:
-    return [(t.slug, t.slug) for t in selectors.tenants_for(p, None).filter(pk__in=p.tenant_roles)]
+    return [(t.slug, t.slug) for t in selectors.tenants_joined(p)]
 
 
 @page

@@ -175,7 +175,8 @@ def idempotent(method: Callable[..., Response]) -> Callable[..., Response]:
         record = IdempotencyRecord.objects.filter(**scope).first()
         if record is not None:
             return _replay(record, fingerprint, principal)
-        checks_before = len(principal.passed_checks)
+        checks: list[dict[str, object]] = []
+        principal.passed_checks = checks
         try:
             with transaction.atomic():
                 response = method(self, request, *args, **kwargs)
@@ -186,7 +187,7 @@ def idempotent(method: Callable[..., Response]) -> Callable[..., Response]:
                         status_code=response.status_code,
                         response_body=_storable(response),
                         response_headers={k: v for k, v in response.items() if k in {"Location", "ETag"}},
-                        required_checks=principal.passed_checks[checks_before:],
+                        required_checks=checks,
                     )
         except IntegrityError:
             # A concurrent request with the same key won; answer as it did.

@@ -224,9 +224,7 @@ class MeView(PrincipalMixin):
                 # Where the caller belongs, whatever its token may read there.
                 "tenants": {
                     slug: p.tenant_roles[pk]
-                    for pk, slug in selectors.tenants_for(p, None)
-                    .filter(pk__in=p.tenant_roles)
-                    .values_list("pk", "slug")
+                    for pk, slug in selectors.tenants_joined(p).values_list("pk", "slug")
                 },
                 "scopes": sorted(p.all_scopes),
                 "token": p.token.prefix if p.token else None,
