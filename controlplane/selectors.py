@@ -130,7 +130,7 @@ def service_accounts_for(principal: Principal) -> QuerySet[ServiceAccount]:
 
 def tokens_for(principal: Principal) -> QuerySet[ApiToken]:
     """Your own tokens, plus robot tokens of tenants whose tokens you manage (all, for platform admins)."""
-    queryset = ApiToken.objects.select_related("user", "service_account__tenant")
+    queryset = ApiToken.objects.select_related("user", "service_account__tenant", "tenant")
     if principal.may(Scope.USERS_WRITE):
         return queryset
     own = Q(user_id=principal.user.pk) if principal.user is not None else Q(pk__in=[])

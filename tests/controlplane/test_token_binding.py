@@ -104,3 +104,16 @@ def test_the_migration_binds_unambiguous_tokens_and_leaves_the_others(world):
     bound = dict(ApiToken.objects.values_list("pk", "tenant__slug"))
     assert bound == {alice.pk: "acme", bob.pk: None, robot.pk: "acme", admin.pk: None}
     assert all(d["tenants"] in (["acme"],) for d in routing.credentials().values())
+
+
+def test_the_console_binds_a_token_to_the_chosen_tenant(world, client):
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    client.force_login(world.bob)
+    form = {"name": "app", "owner": "me", "scopes": ["models:invoke"], "expires_in_days": 30}
+    refused = client.post("/tokens/", form)
+    assert refused.status_code == 400 and "bound to one tenant" in refused.content.decode()
+    created = client.post("/tokens/", {**form, "tenant": "acme"})
+    assert created.status_code == 200
+    assert ApiToken.objects.get(name="app").tenant == world.tenant_a
+    # a tenant the user does not belong to is not offered, and not accepted
+    assert client.post("/tokens/", {**form, "name": "x", "tenant": "nowhere"}).status_code == 400
