@@ -134,6 +134,15 @@ def invitation_create(
     actor.require(Scope.MEMBERS_WRITE, tenant.pk)
     _check_role(role)
     now = now or timezone.now()
+    try:
+        return _invitation_insert(actor=actor, tenant=tenant, user=user, role=role, now=now)
+    except IntegrityError as exc:  # a concurrent invitation of the same user won
+        raise Conflict(f"{user.username} already has a pending invitation.", code="already_invited") from exc
+
+
+def _invitation_insert(
+    *, actor: Principal, tenant: Tenant, user: User, role: str, now: datetime
+) -> Invitation:
     with transaction.atomic():
         if Membership.objects.filter(tenant=tenant, user=user).exists():
             raise Conflict(f"{user.username} is already a member of {tenant.slug}.", code="already_member")
