@@ -3,15 +3,12 @@ from django.db.models import QuerySet
 from billing.models import BudgetAlert, UsageRecord
 from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
-from controlplane.models import Tenant
 from controlplane.principal import Principal
+from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
 
 
 def usage_for(principal: Principal) -> QuerySet[UsageRecord]:
-    found = UsageRecord.objects.select_related("tenant", "deployment")
-    if principal.sees_all(Scope.BILLING_READ):
-        return found
-    return found.filter(tenant_id__in=principal.tenant_ids_with(Scope.BILLING_READ))
+    return scoped(UsageRecord.objects.select_related("tenant", "deployment"), principal, Scope.BILLING_READ)
 
 
 def usage_get(principal: Principal, request_id: str) -> UsageRecord:
@@ -24,20 +21,16 @@ def usage_get(principal: Principal, request_id: str) -> UsageRecord:
 
 def cost_tenants(principal: Principal) -> set[str] | None:
     """The tenants whose costs the caller sees (None: all of them, and idle capacity)."""
-    if principal.sees_all(Scope.BILLING_READ):
+    if visible_tenant_ids(principal, Scope.BILLING_READ) is None:
         return None
     require_cost_reader(principal)
-    ids = principal.tenant_ids_with(Scope.BILLING_READ)
-    return set(Tenant.objects.filter(pk__in=ids).values_list("slug", flat=True))
+    return set(tenants_for(principal, Scope.BILLING_READ).values_list("slug", flat=True))
 
 
 def require_cost_reader(principal: Principal) -> None:
-    if not principal.sees_all(Scope.BILLING_READ) and not principal.tenant_ids_with(Scope.BILLING_READ):
+    if visible_tenant_ids(principal, Scope.BILLING_READ) == set():
         raise Forbidden("This needs the 'billing:read' permission.", detail={"scope": Scope.BILLING_READ})
 
 
 def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
-    found = BudgetAlert.objects.select_related("tenant")
-    if principal.sees_all(Scope.BILLING_READ):
-        return found
-    return found.filter(tenant_id__in=principal.tenant_ids_with(Scope.BILLING_READ))
+    return scoped(BudgetAlert.objects.select_related("tenant"), principal, Scope.BILLING_READ)

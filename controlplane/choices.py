@@ -93,6 +93,25 @@ TENANT_ROLE_SCOPES: dict[str, frozenset[str]] = {
 }
 
 
+class InvitationStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    ACCEPTED = "accepted", "Accepted"
+    DECLINED = "declined", "Declined"
+    EXPIRED = "expired", "Expired"
+
+
+INVITATION_TRANSITIONS: dict[str, set[str]] = {
+    InvitationStatus.PENDING: {
+        InvitationStatus.ACCEPTED,
+        InvitationStatus.DECLINED,
+        InvitationStatus.EXPIRED,
+    },
+    InvitationStatus.ACCEPTED: set(),
+    InvitationStatus.DECLINED: set(),
+    InvitationStatus.EXPIRED: set(),
+}
+
+
 class ActorType(models.TextChoices):
     USER = "user", "User"
     SERVICE_ACCOUNT = "service_account", "Service account"

@@ -55,10 +55,22 @@ class TokenForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
     )
     expires_in_days = forms.IntegerField(min_value=1, max_value=3650, required=False, initial=90)
+    tenant = forms.ChoiceField(
+        required=False,
+        help_text="The one tenant the token acts in and is served for at the gateway (needed for "
+        "models:invoke when you belong to several; a service account's token is bound to its tenant).",
+    )
 
-    def __init__(self, *args: object, owners: list[tuple[str, str]], **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        owners: list[tuple[str, str]],
+        tenants: list[tuple[str, str]] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fields["owner"].choices = owners  # type: ignore[attr-defined]
+        self.fields["tenant"].choices = [("", "— unbound —"), *(tenants or [])]  # type: ignore[attr-defined]
 
 
 class AuditFilterForm(forms.Form):

@@ -11,6 +11,7 @@ from django.utils import timezone
 from controlplane.choices import (
     ActorType,
     AuditSource,
+    InvitationStatus,
     OperationStatus,
     PlatformRole,
     TenantRole,
@@ -78,6 +79,41 @@ class Membership(models.Model):
         return f"{self.user} in {self.tenant} as {self.role}"
 
 
+class Invitation(models.Model):
+    """An offer to join a tenant with a role; only the invited user can accept or decline it.
+
+    pending → accepted | declined | expired  (``choices.INVITATION_TRANSITIONS``)
+
+    Tenant admins cannot add an existing user of the platform to their tenant directly (that would pull
+    another tenant's person in without consent); they invite, and the membership is created when the
+    invited user accepts before ``expires_at``.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="invitations")
+    role = models.CharField(max_length=16, choices=TenantRole.choices)
+    status = models.CharField(
+        max_length=16, choices=InvitationStatus.choices, default=InvitationStatus.PENDING
+    )
+    invited_by_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    responded_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "user"],
+                condition=models.Q(status="pending"),
+                name="invitation_one_pending_per_user_tenant",
+            )
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.user} to {self.tenant} as {self.role} ({self.status})"
+
+
 class ServiceAccount(models.Model):
     """A robot (a CI pipeline, a gateway): of one tenant with a tenant role, or platform-wide."""
 
@@ -104,6 +140,11 @@ class ServiceAccount(models.Model):
 class ApiToken(models.Model):
     """A bearer token for a user or a service account.
 
+    ``tenant`` binds the token to one tenant: it acts only there, and it is the one tenant the gateway
+    serves it for. A tenant robot's tokens are bound to the robot's tenant; a person's token is bound
+    when created with a tenant (a ``models:invoke`` token always is). An unbound token acts wherever
+    its owner has a role and is not valid at the gateway.
+
     Only the SHA-256 of the token is stored: the secret has 256 bits of entropy, so a fast hash is as
     safe as a slow one and keeps authentication a single indexed lookup. ``prefix`` is the visible part
     (``cpt_<prefix>_...``) that identifies a token in logs without revealing it.
@@ -116,6 +157,7 @@ class ApiToken(models.Model):
     service_account = models.ForeignKey(
         ServiceAccount, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens"
     )
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
     scopes = models.JSONField(default=list)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
@@ -139,10 +181,6 @@ class ApiToken(models.Model):
     @property
     def owner_name(self) -> str:
         return self.user.username if self.user else str(self.service_account)
-
-    @property
-    def tenant(self) -> Tenant | None:
-        return self.service_account.tenant if self.service_account else None
 
     def is_usable(self, now: datetime | None = None) -> bool:
         now = now or timezone.now()
@@ -206,7 +244,13 @@ class AuditChainHead(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """The stored answer to a POST sent with an ``Idempotency-Key``, replayed for retries."""
+    """The stored answer to a POST sent with an ``Idempotency-Key``, replayed for retries.
+
+    A key belongs to the credential that sent it (``principal_key``: the token, or the session's user)
+    and to one endpoint (method and path). ``response_body`` never holds a secret (the API redacts it
+    before storing), and ``required_checks`` lists the permission checks the first request passed, which
+    a replay must pass again.
+    """
 
     key = models.CharField(max_length=200)
     principal_key = models.CharField(max_length=100)
@@ -216,12 +260,14 @@ class IdempotencyRecord(models.Model):
     status_code = models.PositiveSmallIntegerField()
     response_body = models.JSONField(null=True)
     response_headers = models.JSONField(default=dict)
+    required_checks = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["principal_key", "key"], name="idempotency_unique_key_per_principal"
+                fields=["principal_key", "method", "path", "key"],
+                name="idempotency_unique_key_per_credential_endpoint",
             )
         ]
 

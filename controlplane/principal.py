@@ -30,6 +30,9 @@ class Principal:
     platform_role: str = PlatformRole.NONE
     tenant_roles: dict[int, str] = field(default_factory=dict)
     token_scopes: frozenset[str] | None = None
+    # While a list (an idempotent request records into it), every require()/require_any() passed; a
+    # replay re-checks them. None otherwise, so long-lived principals (tasks' SYSTEM) record nothing.
+    passed_checks: list[dict[str, object]] | None = field(default=None, repr=False, compare=False)
 
     is_authenticated = True
     is_anonymous = False
@@ -37,6 +40,8 @@ class Principal:
     @classmethod
     def for_user(cls, user: User, *, source: str, token: ApiToken | None = None) -> "Principal":
         roles = dict(user.memberships.values_list("tenant_id", "role"))
+        if token is not None and token.tenant_id is not None:  # a bound token acts in its tenant only
+            roles = {tid: role for tid, role in roles.items() if tid == token.tenant_id}
         return cls(
             kind=ActorType.USER,
             name=user.username,
@@ -101,11 +106,25 @@ class Principal:
         if not self.may(scope, tenant_id):
             where = "on this tenant" if tenant_id is not None else "platform-wide"
             raise Forbidden(f"This action needs the '{scope}' permission {where}.", detail={"scope": scope})
+        if self.passed_checks is not None:
+            self.passed_checks.append({"scope": scope, "tenant": tenant_id})
 
     def require_any(self, scope: str) -> None:
         """The principal holds ``scope`` somewhere (platform-wide or in at least one tenant)."""
         if scope not in self.all_scopes:
             raise Forbidden(f"This needs the '{scope}' permission.", detail={"scope": scope})
+        if self.passed_checks is not None:
+            self.passed_checks.append({"scope": scope, "anywhere": True})
+
+    def recheck(self, checks: list[dict[str, object]]) -> None:
+        """Pass again every check another request of this credential passed (raises Forbidden)."""
+        for check in checks:
+            scope = str(check["scope"])
+            if check.get("anywhere"):
+                self.require_any(scope)
+            else:
+                tenant = check.get("tenant")
+                self.require(scope, int(tenant) if isinstance(tenant, int) else None)
 
     @property
     def actor_id(self) -> str:

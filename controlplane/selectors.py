@@ -10,47 +10,83 @@ from django.db.models import Model, Q, QuerySet
 
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
-from controlplane.models import ApiToken, AuditEvent, Membership, Operation, ServiceAccount, Tenant, User
+from controlplane.models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Membership,
+    Operation,
+    ServiceAccount,
+    Tenant,
+    User,
+)
 from controlplane.principal import Principal
 
 
-def _tenant_filter(principal: Principal, scope: str, field: str = "tenant") -> Q | None:
-    """None means everything; otherwise the condition limiting rows to the principal's tenants."""
+def visible_tenant_ids(principal: Principal, scope: str | None) -> set[int] | None:
+    """The one answer to "which tenants may this caller see"; None means every tenant.
+
+    With a ``scope``: the tenants where the caller holds it (all of them when its platform role does).
+    With ``None``: the tenants the caller belongs to (a membership, or a tenant robot's own tenant),
+    whatever its scopes there: membership is not the permission to read a tenant's details, and a
+    caller may always name its own tenant (e.g. as an owner); the service then checks the action's
+    scope. A platform principal holding any platform scope sees every tenant.
+    """
+    if scope is None:
+        return None if principal.platform_scopes else set(principal.tenant_roles)
     if principal.sees_all(scope):
         return None
-    return Q(**{f"{field}__in": principal.tenant_ids_with(scope)})
+    return principal.tenant_ids_with(scope)
+
+
+def _tenant_filter(principal: Principal, scope: str | None, field: str = "tenant") -> Q | None:
+    """None means everything; otherwise the condition limiting rows to the principal's tenants."""
+    ids = visible_tenant_ids(principal, scope)
+    return None if ids is None else Q(**{f"{field}__in": ids})
 
 
 M = TypeVar("M", bound=Model)
 
 
-def _scoped(queryset: QuerySet[M], principal: Principal, scope: str, field: str = "tenant") -> QuerySet[M]:
+def scoped(
+    queryset: QuerySet[M], principal: Principal, scope: str | None, field: str = "tenant"
+) -> QuerySet[M]:
+    """``queryset`` narrowed to the rows of the tenants ``visible_tenant_ids`` names (via ``field``)."""
     condition = _tenant_filter(principal, scope, field)
     return queryset if condition is None else queryset.filter(condition)
 
 
-def tenants_for(principal: Principal) -> QuerySet[Tenant]:
-    return _scoped(Tenant.objects.all(), principal, Scope.TENANTS_READ, field="pk")
+def tenants_for(principal: Principal, scope: str | None = Scope.TENANTS_READ) -> QuerySet[Tenant]:
+    """Tenants where the caller holds ``scope`` (default: may read their details); None: its own."""
+    return scoped(Tenant.objects.all(), principal, scope, field="pk")
 
 
-def tenant_get(principal: Principal, slug: str) -> Tenant:
-    tenant = tenants_for(principal).filter(slug=slug).first()
+def tenants_joined(principal: Principal) -> QuerySet[Tenant]:
+    """The tenants the caller is a member of (its role there in ``principal.tenant_roles``), whatever
+    its platform role: for /me/ and for choosing the tenant a new token is bound to."""
+    return Tenant.objects.filter(pk__in=principal.tenant_roles)
+
+
+def tenant_get(principal: Principal, slug: str, scope: str | None = Scope.TENANTS_READ) -> Tenant:
+    """A tenant the caller belongs to, by slug (404 otherwise, so existence is not revealed); 403 when
+    it belongs there but lacks ``scope`` (None: resolve only, the service checks the action)."""
+    tenant = tenants_for(principal, None).filter(slug=slug).first()
     if tenant is None:
         raise NotFound(f"No tenant '{slug}'.")
+    if scope is not None:
+        principal.require(scope, tenant.pk)
     return tenant
 
 
 def memberships_for(principal: Principal, tenant: Tenant | None = None) -> QuerySet[Membership]:
-    queryset = _scoped(Membership.objects.select_related("user", "tenant"), principal, Scope.TENANTS_READ)
+    queryset = scoped(Membership.objects.select_related("user", "tenant"), principal, Scope.TENANTS_READ)
     return queryset.filter(tenant=tenant) if tenant is not None else queryset
 
 
 def users_for(principal: Principal) -> QuerySet[User]:
     """Platform readers see every user; tenant members see the people of their own tenants."""
-    if principal.sees_all(Scope.TENANTS_READ):
-        return User.objects.all().order_by("username")
-    tenant_ids = principal.tenant_ids_with(Scope.TENANTS_READ)
-    return User.objects.filter(memberships__tenant_id__in=tenant_ids).distinct().order_by("username")
+    found = scoped(User.objects.all(), principal, Scope.TENANTS_READ, field="memberships__tenant")
+    return found.distinct().order_by("username")
 
 
 def user_get(principal: Principal, username: str) -> User:
@@ -58,6 +94,26 @@ def user_get(principal: Principal, username: str) -> User:
     if user is None:
         raise NotFound(f"No user '{username}'.")
     return user
+
+
+def invitations_of_tenant(principal: Principal, tenant: Tenant) -> QuerySet[Invitation]:
+    """A tenant's invitations, for those who manage its members."""
+    principal.require(Scope.MEMBERS_WRITE, tenant.pk)
+    return Invitation.objects.filter(tenant=tenant).select_related("tenant", "user")
+
+
+def invitations_to(principal: Principal) -> QuerySet[Invitation]:
+    """The invitations addressed to the calling person (none for robots)."""
+    if principal.user is None:
+        return Invitation.objects.none()
+    return Invitation.objects.filter(user=principal.user).select_related("tenant", "user")
+
+
+def invitation_to_get(principal: Principal, pk: int) -> Invitation:
+    invitation = invitations_to(principal).filter(pk=pk).first()
+    if invitation is None:
+        raise NotFound(f"No invitation {pk} for you.")
+    return invitation
 
 
 def user_by_username(username: str) -> User:
@@ -69,19 +125,18 @@ def user_by_username(username: str) -> User:
 
 
 def service_accounts_for(principal: Principal) -> QuerySet[ServiceAccount]:
-    queryset = ServiceAccount.objects.select_related("tenant")
-    if principal.sees_all(Scope.TENANTS_READ):
-        return queryset
-    return queryset.filter(tenant_id__in=principal.tenant_ids_with(Scope.TENANTS_READ))
+    return scoped(ServiceAccount.objects.select_related("tenant"), principal, Scope.TENANTS_READ)
 
 
 def tokens_for(principal: Principal) -> QuerySet[ApiToken]:
     """Your own tokens, plus robot tokens of tenants whose tokens you manage (all, for platform admins)."""
-    queryset = ApiToken.objects.select_related("user", "service_account__tenant")
+    queryset = ApiToken.objects.select_related("user", "service_account__tenant", "tenant")
     if principal.may(Scope.USERS_WRITE):
         return queryset
     own = Q(user_id=principal.user.pk) if principal.user is not None else Q(pk__in=[])
-    managed = Q(service_account__tenant_id__in=principal.tenant_ids_with(Scope.TOKENS_WRITE))
+    managed = _tenant_filter(principal, Scope.TOKENS_WRITE, "service_account__tenant")
+    if managed is None:  # tokens:write platform-wide: every tenant robot's tokens
+        managed = Q(service_account__tenant__isnull=False)
     return queryset.filter(own | managed)
 
 
@@ -94,14 +149,16 @@ def token_get(principal: Principal, pk: int) -> ApiToken:
 
 def audit_events_for(principal: Principal) -> QuerySet[AuditEvent]:
     """Auditors and admins read the whole chain; tenant members with audit:read their tenant's events."""
-    return _scoped(AuditEvent.objects.all(), principal, Scope.AUDIT_READ)
+    return scoped(AuditEvent.objects.all(), principal, Scope.AUDIT_READ)
 
 
 def operations_for(principal: Principal) -> QuerySet[Operation]:
     if principal.sees_all(Scope.AUDIT_READ):
         return Operation.objects.all()
-    mine = Q(created_by_key=principal.key)
-    return Operation.objects.filter(mine | Q(tenant_id__in=principal.tenant_ids_with(Scope.TENANTS_READ)))
+    theirs = _tenant_filter(principal, Scope.TENANTS_READ)
+    if theirs is None:
+        return Operation.objects.all()
+    return Operation.objects.filter(Q(created_by_key=principal.key) | theirs)
 
 
 def operation_get(principal: Principal, pk: str) -> Operation:

@@ -6,6 +6,7 @@ HTTPS-only cookies and HSTS, so ``manage.py check --deploy`` passes.
 """
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -48,6 +49,7 @@ INSTALLED_APPS = [
     "regions",
     "billing",
     "routing",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -60,7 +62,23 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out sign-in into the lockout page
 ]
+
+# Console sign-in throttle (django-axes): after LOGIN_FAILURE_LIMIT wrong passwords for one username
+# from one address, that username is locked out from that address for LOGIN_COOLOFF_MINUTES (other
+# users and other addresses are unaffected). Attempts are kept in the database, so every worker and
+# process shares them; the client address is REMOTE_ADDR.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "controlplane.urls"
 WSGI_APPLICATION = "controlplane.wsgi.application"
@@ -104,12 +122,23 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["CONN_MAX_AGE"] = 0
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# A tenant admin's invitation to an existing user stays open this long.
+INVITATION_TTL_DAYS = env_int("INVITATION_TTL_DAYS", 7)
+
+# The cache holds the API's rate-limit counters. With REDIS_URL, Redis: shared by every process on
+# every host. Without it, files under var/cache/: shared by every process of this host (`serve` runs
+# two web workers; an in-process cache would give each its own counters, so a client would get twice
+# the limit, depending on which worker answered).
 REDIS_URL = env_str("REDIS_URL")
 CACHES = {
     "default": (
         {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
         if REDIS_URL
-        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+        else {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": str(VAR_DIR / "cache"),
+            "OPTIONS": {"MAX_ENTRIES": 100_000},
+        }
     )
 }
 
@@ -174,6 +203,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},

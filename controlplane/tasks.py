@@ -9,6 +9,7 @@ from django.utils import timezone
 from controlplane.models import IdempotencyRecord
 from controlplane.services.audit_checkpoints import checkpoint_head
 from controlplane.services.operations import operation_run
+from controlplane.services.tenants import invitations_expire
 
 
 @shared_task(name="controlplane.tasks.run_operation")
@@ -28,3 +29,8 @@ def checkpoint_audit_chain() -> int | None:
     """Anchor the audit chain head outside the database (docs/audit.md); the seq checkpointed, if any."""
     checkpoint = checkpoint_head(now=timezone.now())
     return checkpoint.seq if checkpoint else None
+
+
+@shared_task(name="controlplane.tasks.expire_invitations")
+def expire_invitations() -> int:
+    return invitations_expire(now=timezone.now())

@@ -70,6 +70,12 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Tenants", "dashboard:tenants", Scope.TENANTS_READ in scopes),
         ("Users", "dashboard:users", Scope.TENANTS_READ in scopes),
         ("Tokens", "dashboard:tokens", True),
+        # Shown while an invitation waits for an answer (the page itself is always reachable).
+        (
+            "Invitations",
+            "dashboard:invitations",
+            selectors.invitations_to(p).filter(status="pending").exists(),
+        ),
     ]
     return {"nav_items": [(label, name) for label, name, shown in items if shown], "principal": p}
 
@@ -119,6 +125,11 @@ def tenant_detail(request: HttpRequest, p: Principal, slug: str) -> HttpResponse
         "can_edit": p.may(Scope.TENANTS_WRITE),
         "can_manage_members": p.may(Scope.MEMBERS_WRITE, tenant.pk),
         "member_form": forms.MemberForm(),
+        "invitations": (
+            selectors.invitations_of_tenant(p, tenant).filter(status="pending")
+            if p.may(Scope.MEMBERS_WRITE, tenant.pk)
+            else []
+        ),
         "robot_form": forms.ServiceAccountForm(),
     }
     return render(request, "controlplane/tenant_detail.html", context)
@@ -155,10 +166,35 @@ def member_set(request: HttpRequest, p: Principal, slug: str) -> HttpResponse:
     if not form.is_valid():
         messages.error(request, "Give a username and a role.")
         return redirect("dashboard:tenant", slug=slug)
-    user = selectors.user_by_username(form.cleaned_data["username"])
-    tenants.membership_set(actor=p, tenant=tenant, user=user, role=form.cleaned_data["role"])
-    messages.success(request, f"{user.username} is now {form.cleaned_data['role']} of {tenant.slug}.")
+    user, role = selectors.user_by_username(form.cleaned_data["username"]), form.cleaned_data["role"]
+    is_member = selectors.memberships_for(p, tenant).filter(user=user).exists()
+    if not is_member and not tenants.may_add_without_consent(p):
+        tenants.invitation_create(actor=p, tenant=tenant, user=user, role=role)
+        messages.success(request, f"{user.username} is invited as {role}; they join when they accept.")
+        return redirect("dashboard:tenant", slug=slug)
+    tenants.membership_set(actor=p, tenant=tenant, user=user, role=role)
+    messages.success(request, f"{user.username} is now {role} of {tenant.slug}.")
     return redirect("dashboard:tenant", slug=slug)
+
+
+@page
+def invitation_list(request: HttpRequest, p: Principal) -> HttpResponse:
+    """The invitations addressed to the signed-in user, to accept or decline."""
+    context = {"invitations": selectors.invitations_to(p), "now": timezone.now()}
+    return render(request, "controlplane/invitation_list.html", context)
+
+
+@require_POST
+@page
+def invitation_answer(request: HttpRequest, p: Principal, pk: int, answer: str) -> HttpResponse:
+    invitation = selectors.invitation_to_get(p, pk)
+    if answer == "accept":
+        tenants.invitation_accept(actor=p, invitation=invitation)
+        messages.success(request, f"You joined {invitation.tenant.slug} as {invitation.role}.")
+    else:
+        tenants.invitation_decline(actor=p, invitation=invitation)
+        messages.success(request, f"You declined the invitation to {invitation.tenant.slug}.")
+    return redirect("dashboard:invitations")
 
 
 @require_POST
@@ -211,9 +247,13 @@ def _token_owners(p: Principal) -> list[tuple[str, str]]:
     return owners
 
 
+def _token_tenants(p: Principal) -> list[tuple[str, str]]:
+    return [(t.slug, t.slug) for t in selectors.tenants_joined(p)]
+
+
 @page
 def token_list(request: HttpRequest, p: Principal) -> HttpResponse:
-    form = forms.TokenForm(request.POST or None, owners=_token_owners(p))
+    form = forms.TokenForm(request.POST or None, owners=_token_owners(p), tenants=_token_tenants(p))
     created = None
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -227,12 +267,13 @@ def token_list(request: HttpRequest, p: Principal) -> HttpResponse:
                 name=data["name"],
                 scopes=data["scopes"],
                 service_account=robot,
+                tenant=selectors.tenant_get(p, data["tenant"], None) if data.get("tenant") else None,
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
             )
         except ApplicationError as exc:
             form.add_error(None, exc.message)
         else:
-            form = forms.TokenForm(owners=_token_owners(p))
+            form = forms.TokenForm(owners=_token_owners(p), tenants=_token_tenants(p))
     context = {
         "tokens": selectors.tokens_for(p),
         "form": form,

@@ -69,10 +69,10 @@ class RouteCache:
         credential = self.body.get("credentials", {}).get(digest)
         if not credential or (credential.get("expires") and credential["expires"] < time.time()):
             return None
-        tenants = credential["tenants"]
-        if requested:
-            return requested if requested in tenants else None
-        return tenants[0] if len(tenants) == 1 else None
+        tenants = credential["tenants"]  # the control plane binds every token to exactly one tenant
+        if len(tenants) != 1:
+            return None
+        return tenants[0] if requested in (None, "", tenants[0]) else None
 
     def view(self, tenant: str) -> dict[str, Any]:
         return self.body.get("tenants", {}).get(tenant, {"models": {}, "limits": {}})

@@ -10,6 +10,7 @@ from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
 from controlplane.models import Tenant
 from controlplane.principal import Principal
+from controlplane.selectors import scoped
 from regions.choices import DeploymentState, TargetStatus
 from regions.models import Deployment, DeploymentTarget, Region
 
@@ -31,9 +32,7 @@ def deployments_for(principal: Principal) -> QuerySet[Deployment]:
     queryset = Deployment.objects.select_related("owner", "model__owner", "version").exclude(
         state=DeploymentState.DELETED
     )
-    if principal.sees_all(Scope.DEPLOYMENTS_READ):
-        return queryset
-    return queryset.filter(owner_id__in=principal.tenant_ids_with(Scope.DEPLOYMENTS_READ))
+    return scoped(queryset, principal, Scope.DEPLOYMENTS_READ, field="owner")
 
 
 def deployment_get(principal: Principal, owner: str, name: str) -> Deployment:

@@ -72,7 +72,7 @@ def region_status(request: HttpRequest, p: Principal, code: str) -> HttpResponse
 @page
 def deployment_list(request: HttpRequest, p: Principal) -> HttpResponse:
     found = selectors.deployments_for(p).prefetch_related("targets__region")
-    can_create = bool(p.tenant_ids_with(Scope.DEPLOYMENTS_WRITE)) or p.sees_all(Scope.DEPLOYMENTS_WRITE)
+    can_create = core_selectors.visible_tenant_ids(p, Scope.DEPLOYMENTS_WRITE) != set()
     return render(request, "regions/deployment_list.html", {"deployments": found, "can_create": can_create})
 
 
@@ -88,9 +88,7 @@ def _deployable(p: Principal) -> list[ModelVersion]:
 
 @page
 def deployment_create(request: HttpRequest, p: Principal) -> HttpResponse:
-    tenants = core_selectors.tenants_for(p)
-    if not p.sees_all(Scope.DEPLOYMENTS_WRITE):
-        tenants = tenants.filter(pk__in=p.tenant_ids_with(Scope.DEPLOYMENTS_WRITE))
+    tenants = core_selectors.tenants_for(p, Scope.DEPLOYMENTS_WRITE)
     versions = {str(v.pk): v for v in _deployable(p)}
     data = request.POST if request.method == "POST" else request.GET
     owner = tenants.filter(slug=data.get("owner")).first() or tenants.first()

@@ -11,15 +11,17 @@ from django.db.models import Q, QuerySet
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
 from controlplane.principal import Principal
+from controlplane.selectors import visible_tenant_ids
 from registry.choices import ReportOutcome, VersionStatus, Visibility
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, ValidationReport
 
 
 def models_for(principal: Principal) -> QuerySet[RegisteredModel]:
     queryset = RegisteredModel.objects.select_related("owner")
-    if principal.sees_all(Scope.REGISTRY_READ):
+    owners = visible_tenant_ids(principal, Scope.REGISTRY_READ)
+    if owners is None:
         return queryset
-    visible = Q(owner_id__in=principal.tenant_ids_with(Scope.REGISTRY_READ))
+    visible = Q(owner_id__in=owners)
     if Scope.REGISTRY_READ in principal.all_scopes:
         visible |= Q(owner__isnull=True, visibility=Visibility.CATALOG)
     return queryset.filter(visible)

@@ -22,9 +22,7 @@ from registry.sizing import sizing_of
 def _owners(p: Principal) -> list[tuple[str, str]]:
     """Where this principal may register models: the platform and/or its tenants."""
     owners = [("platform", "Platform (shared catalog)")] if p.may(Scope.REGISTRY_WRITE) else []
-    tenants = core_selectors.tenants_for(p)
-    if not p.sees_all(Scope.REGISTRY_WRITE):
-        tenants = tenants.filter(pk__in=p.tenant_ids_with(Scope.REGISTRY_WRITE))
+    tenants = core_selectors.tenants_for(p, Scope.REGISTRY_WRITE)
     return owners + [(t.slug, f"{t.slug} ({t.name})") for t in tenants]
 
 

@@ -7,8 +7,8 @@ from typing import Any
 from django.db.models import QuerySet
 
 from controlplane.choices import Scope
-from controlplane.models import Tenant
 from controlplane.principal import Principal
+from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
 from regions.models import DeploymentTarget
 from regions.selectors import deployments_for
 from routing import services
@@ -20,10 +20,9 @@ LONG_POLL_LIMIT = 30.0
 
 def visible_tenants(principal: Principal) -> set[str] | None:
     """None: every tenant (an operator)."""
-    if principal.sees_all(Scope.DEPLOYMENTS_READ):
+    if visible_tenant_ids(principal, Scope.DEPLOYMENTS_READ) is None:
         return None
-    ids = principal.tenant_ids_with(Scope.DEPLOYMENTS_READ)
-    return set(Tenant.objects.filter(pk__in=ids).values_list("slug", flat=True))
+    return set(tenants_for(principal, Scope.DEPLOYMENTS_READ).values_list("slug", flat=True))
 
 
 def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:
@@ -51,10 +50,7 @@ def endpoint_health(principal: Principal) -> QuerySet[EndpointHealth]:
 
 
 def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:
-    found = RoutingEvent.objects.select_related("tenant")
-    if principal.sees_all(Scope.DEPLOYMENTS_READ):
-        return found
-    return found.filter(tenant_id__in=principal.tenant_ids_with(Scope.DEPLOYMENTS_READ))
+    return scoped(RoutingEvent.objects.select_related("tenant"), principal, Scope.DEPLOYMENTS_READ)
 
 
 def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:

@@ -116,13 +116,12 @@ def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:
 
 
 def credentials() -> dict[str, dict[str, Any]]:
-    """Token digest → the tenants it may call models for (what a gateway needs to authenticate offline)."""
+    """Token digest → the one tenant it is bound to and may call models for (for offline authentication)."""
     now = timezone.now()
     tokens = (
         ApiToken.objects.filter(revoked_at__isnull=True)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        .select_related("user", "service_account__tenant")
-        .prefetch_related("user__memberships__tenant")
+        .select_related("user", "service_account__tenant", "tenant")
     )
     found = {}
     for token in tokens:
@@ -156,10 +155,8 @@ def _principal_of(token: ApiToken) -> Principal | None:
 
 
 def _tenants_of(token: ApiToken) -> list[Tenant]:
-    if token.user is not None:
-        return [m.tenant for m in token.user.memberships.all()]
-    robot = token.service_account
-    return [robot.tenant] if robot is not None and robot.tenant is not None else []
+    """Exactly the tenant the token is bound to: an unbound token is not valid at the gateway."""
+    return [token.tenant] if token.tenant is not None else []
 
 
 def current() -> RouteTable | None:

@@ -82,11 +82,16 @@ class PrincipalRateThrottle(SimpleRateThrottle):
     def get_cache_key(self, request: Request, view: Any) -> str:
         user = request.user
         if user is not None and getattr(user, "is_authenticated", False):
-            token = getattr(request, "auth", None)
-            ident = f"token:{token.pk}" if token is not None else cast(Principal, user).key
+            ident = credential_key(request)
         else:
             ident = f"ip:{self.get_ident(request)}"
         return f"throttle:{self.scope}:{ident}"
+
+
+def credential_key(request: Request) -> str:
+    """The credential that sent an authenticated request: its token, or the session's user."""
+    token = getattr(request, "auth", None)
+    return f"token:{token.pk}" if token is not None else cast(Principal, request.user).key
 
 
 class StrictSerializer(serializers.Serializer):
@@ -122,19 +127,35 @@ def _request_fingerprint(request: Request) -> str:
     return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
 
 
-def _replay(record: IdempotencyRecord, fingerprint: str) -> Response:
+# A view sets this on its Response: {field: note}. Those fields are blanked before the response is
+# stored, so a secret is shown once and never persisted; a replay carries the note instead.
+REDACT_ATTRIBUTE = "idempotency_redact"
+
+
+def _storable(response: Response) -> Any:
+    body = json.loads(json.dumps(response.data, default=str))
+    for name, note in getattr(response, REDACT_ATTRIBUTE, {}).items():
+        body[name] = None
+        body[f"{name}_redacted"] = note
+    return body
+
+
+def _replay(record: IdempotencyRecord, fingerprint: str, principal: Principal) -> Response:
     if record.request_hash != fingerprint:
         raise Unprocessable(
             "This Idempotency-Key was already used with a different request.", code="idempotency_key_reused"
         )
+    principal.recheck(record.required_checks)  # the credential may have lost the power since
     headers = {**record.response_headers, "Idempotent-Replayed": "true"}
     return Response(record.response_body, status=record.status_code, headers=headers)
 
 
 def idempotent(method: Callable[..., Response]) -> Callable[..., Response]:
     """POST actions honour ``Idempotency-Key``: the same key and body replay the first response; the
-    same key with another body is 422. The answer is stored in the action's own transaction, so a
-    crash can never record a response for an action that did not happen."""
+    same key with another body is 422. A key belongs to the credential that sent it and to the endpoint
+    (method and path); a replay passes the first request's permission checks again, and fields the view
+    marks secret are never stored. The answer is stored in the action's own transaction, so a crash can
+    never record a response for an action that did not happen."""
 
     @wraps(method)
     def wrapper(self: Any, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -143,30 +164,37 @@ def idempotent(method: Callable[..., Response]) -> Callable[..., Response]:
             return method(self, request, *args, **kwargs)
         if not 1 <= len(key) <= 200:
             raise ValidationFailed("Idempotency-Key must be 1 to 200 characters.")
-        principal_key, fingerprint = cast(Principal, request.user).key, _request_fingerprint(request)
-        record = IdempotencyRecord.objects.filter(principal_key=principal_key, key=key).first()
+        principal = cast(Principal, request.user)
+        fingerprint = _request_fingerprint(request)
+        scope = {
+            "principal_key": credential_key(request),
+            "method": request.method or "POST",
+            "path": request.path,
+            "key": key,
+        }
+        record = IdempotencyRecord.objects.filter(**scope).first()
         if record is not None:
-            return _replay(record, fingerprint)
+            return _replay(record, fingerprint, principal)
+        checks: list[dict[str, object]] = []
+        principal.passed_checks = checks
         try:
             with transaction.atomic():
                 response = method(self, request, *args, **kwargs)
                 if 200 <= response.status_code < 300:
                     IdempotencyRecord.objects.create(
-                        key=key,
-                        principal_key=principal_key,
-                        method=request.method or "POST",
-                        path=request.path,
+                        **scope,
                         request_hash=fingerprint,
                         status_code=response.status_code,
-                        response_body=json.loads(json.dumps(response.data, default=str)),
+                        response_body=_storable(response),
                         response_headers={k: v for k, v in response.items() if k in {"Location", "ETag"}},
+                        required_checks=checks,
                     )
         except IntegrityError:
             # A concurrent request with the same key won; answer as it did.
-            winner = IdempotencyRecord.objects.filter(principal_key=principal_key, key=key).first()
+            winner = IdempotencyRecord.objects.filter(**scope).first()
             if winner is None:
                 raise
-            return _replay(winner, fingerprint)
+            return _replay(winner, fingerprint, principal)
         return response
 
     return wrapper

@@ -6,7 +6,16 @@ from rest_framework import serializers
 
 from controlplane.api.conventions import StrictSerializer
 from controlplane.choices import ALL_SCOPES, Jurisdiction, PlatformRole, TenantRole, TenantStatus
-from controlplane.models import ApiToken, AuditEvent, Membership, Operation, ServiceAccount, Tenant, User
+from controlplane.models import (
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Membership,
+    Operation,
+    ServiceAccount,
+    Tenant,
+    User,
+)
 from controlplane.services.tenants import TENANT_FIELDS
 
 
@@ -53,6 +62,15 @@ class UserCreateSerializer(StrictSerializer):
     email = serializers.EmailField(required=False, allow_blank=True)
     password = serializers.CharField(required=False, write_only=True, max_length=128)
     platform_role = serializers.ChoiceField(PlatformRole.choices, required=False, allow_blank=True)
+    tenant = serializers.SlugField(
+        max_length=50, required=False, help_text="Create the user as a member of this tenant (tenant admins)"
+    )
+    role = serializers.ChoiceField(TenantRole.choices, required=False, help_text="Their role in `tenant`")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("tenant" in attrs) != ("role" in attrs):
+            raise serializers.ValidationError({"role": ["Give tenant and role together."]})
+        return attrs
 
 
 class UserRoleSerializer(StrictSerializer):
@@ -70,6 +88,31 @@ class MembershipSerializer(serializers.ModelSerializer):
 
 
 class MembershipSetSerializer(StrictSerializer):
+    username = serializers.CharField(max_length=150)
+    role = serializers.ChoiceField(TenantRole.choices)
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug", read_only=True)
+    username = serializers.CharField(source="user.username", read_only=True)
+
+    class Meta:
+        model = Invitation
+        fields = [
+            "id",
+            "tenant",
+            "username",
+            "role",
+            "status",
+            "invited_by_name",
+            "created_at",
+            "expires_at",
+            "responded_at",
+        ]
+        read_only_fields = fields
+
+
+class InvitationCreateSerializer(StrictSerializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(TenantRole.choices)
 
@@ -114,6 +157,7 @@ class TokenSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_tenant(self, token: ApiToken) -> str | None:
+        """The tenant the token is bound to (None: unbound, not valid at the gateway)."""
         return token.tenant.slug if token.tenant else None
 
     def get_display(self, token: ApiToken) -> str:
@@ -125,6 +169,9 @@ class TokenCreateSerializer(StrictSerializer):
     scopes = serializers.ListField(child=serializers.ChoiceField(sorted(ALL_SCOPES)), allow_empty=False)
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
     service_account = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    tenant = serializers.SlugField(
+        max_length=50, required=False, help_text="Bind the token to this tenant (required with models:invoke)"
+    )
 
 
 class TokenCreatedSerializer(TokenSerializer):

@@ -8,6 +8,12 @@ app_name = "api"
 router = SimpleRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register(r"tenants/(?P<tenant_slug>[-\w]+)/members", views.MemberViewSet, basename="member")
+router.register(
+    r"tenants/(?P<tenant_slug>[-\w]+)/invitations",
+    views.TenantInvitationViewSet,
+    basename="tenant-invitation",
+)
+router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("users", views.UserViewSet, basename="user")
 router.register("service-accounts", views.ServiceAccountViewSet, basename="service-account")
 router.register("tokens", views.TokenViewSet, basename="token")

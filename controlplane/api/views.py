@@ -16,14 +16,18 @@ from rest_framework.views import APIView
 
 from controlplane import selectors
 from controlplane.api import serializers as s
-from controlplane.api.conventions import etag, expected_revision, idempotent
+from controlplane.api.conventions import REDACT_ATTRIBUTE, etag, expected_revision, idempotent
 from controlplane.api.filters import AuditEventFilter
 from controlplane.choices import Scope
 from controlplane.errors import NotFound
-from controlplane.models import ApiToken, AuditEvent, Operation, ServiceAccount, Tenant, User
+from controlplane.models import ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services import operations, tenants, tokens, users
 
+SECRET_NOT_REPLAYED = (
+    "The secret is shown only once, in the first response, and is never stored, so this replay cannot"
+    " show it. If it was lost, revoke token {pk} and mint a new one."
+)
 ERRORS = {code: OpenApiResponse(description="Error envelope") for code in (400, 401, 403, 404, 409, 412, 422)}
 
 
@@ -121,6 +125,61 @@ class MemberViewSet(PrincipalMixin, viewsets.ViewSet):
         return Response(status=204)
 
 
+class TenantInvitationViewSet(PrincipalMixin, viewsets.ViewSet):
+    """Invitations of one tenant: /tenants/{slug}/invitations/ (for those who manage its members)."""
+
+    serializer_class = s.InvitationSerializer
+
+    @extend_schema(responses={200: s.InvitationSerializer(many=True), **ERRORS})
+    def list(self, request: Request, tenant_slug: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        found = selectors.invitations_of_tenant(self.principal, tenant)
+        return Response(s.InvitationSerializer(found, many=True).data)
+
+    @extend_schema(request=s.InvitationCreateSerializer, responses={201: s.InvitationSerializer, **ERRORS})
+    @idempotent
+    def create(self, request: Request, tenant_slug: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        data = s.InvitationCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = selectors.user_by_username(data.validated_data["username"])
+        invitation = tenants.invitation_create(
+            actor=self.principal, tenant=tenant, user=user, role=data.validated_data["role"]
+        )
+        return Response(s.InvitationSerializer(invitation).data, status=201)
+
+
+class InvitationViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
+    """The invitations addressed to you: /invitations/; accept or decline them."""
+
+    serializer_class = s.InvitationSerializer
+
+    def get_queryset(self) -> Any:
+        return self.scoped(selectors.invitations_to, Invitation)
+
+    @extend_schema(request=None, responses={200: s.MembershipSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def accept(self, request: Request, pk: str) -> Response:
+        invitation = selectors.invitation_to_get(self.principal, _int_id(pk))
+        membership = tenants.invitation_accept(actor=self.principal, invitation=invitation)
+        return Response(s.MembershipSerializer(membership).data)
+
+    @extend_schema(request=None, responses={200: s.InvitationSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    @idempotent
+    def decline(self, request: Request, pk: str) -> Response:
+        invitation = selectors.invitation_to_get(self.principal, _int_id(pk))
+        invitation = tenants.invitation_decline(actor=self.principal, invitation=invitation)
+        return Response(s.InvitationSerializer(invitation).data)
+
+
+def _int_id(pk: str) -> int:
+    if not pk.isdigit() or len(pk) > 18:
+        raise NotFound(f"No invitation {pk} for you.")
+    return int(pk)
+
+
 class UserViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.UserSerializer
     lookup_field = "username"
@@ -138,7 +197,10 @@ class UserViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet
     def create(self, request: Request) -> Response:
         data = s.UserCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = users.user_create(actor=self.principal, **data.validated_data)
+        fields = dict(data.validated_data)
+        slug = fields.pop("tenant", None)
+        tenant = selectors.tenant_get(self.principal, slug, None) if slug else None
+        user = users.user_create(actor=self.principal, tenant=tenant, **fields)
         return Response(s.UserSerializer(user).data, status=201)
 
     @extend_schema(request=s.UserRoleSerializer, responses={200: s.UserSerializer, **ERRORS})
@@ -159,11 +221,10 @@ class MeView(PrincipalMixin):
                 "name": p.name,
                 "kind": p.kind,
                 "platform_role": p.platform_role,
+                # Where the caller belongs, whatever its token may read there.
                 "tenants": {
                     slug: p.tenant_roles[pk]
-                    for pk, slug in selectors.tenants_for(p)
-                    .filter(pk__in=p.tenant_roles)
-                    .values_list("pk", "slug")
+                    for pk, slug in selectors.tenants_joined(p).values_list("pk", "slug")
                 },
                 "scopes": sorted(p.all_scopes),
                 "token": p.token.prefix if p.token else None,
@@ -188,7 +249,7 @@ class ServiceAccountViewSet(
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         slug = fields.pop("tenant", None)
-        tenant = selectors.tenant_get(self.principal, slug) if slug else None
+        tenant = selectors.tenant_get(self.principal, slug, None) if slug else None
         robot = tenants.service_account_create(actor=self.principal, tenant=tenant, **fields)
         return Response(s.ServiceAccountSerializer(robot).data, status=201)
 
@@ -210,6 +271,8 @@ class TokenViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSe
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         robot_id = fields.pop("service_account", None)
+        slug = fields.pop("tenant", None)
+        fields["tenant"] = selectors.tenant_get(self.principal, slug, None) if slug else None
         robot = None
         if robot_id is not None:
             robot = selectors.service_accounts_for(self.principal).filter(pk=robot_id).first()
@@ -217,7 +280,9 @@ class TokenViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSe
                 raise NotFound(f"No service account {robot_id}.")
         token, secret = tokens.token_create(actor=self.principal, service_account=robot, **fields)
         token.secret = secret  # type: ignore[attr-defined]
-        return Response(s.TokenCreatedSerializer(token).data, status=201)
+        response = Response(s.TokenCreatedSerializer(token).data, status=201)
+        setattr(response, REDACT_ATTRIBUTE, {"secret": SECRET_NOT_REPLAYED.format(pk=token.pk)})
+        return response
 
     @extend_schema(request=None, responses={200: s.TokenSerializer, **ERRORS})
     @action(detail=True, methods=["post"])

@@ -1,12 +1,15 @@
 """Tenants, their members and their service accounts."""
 
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
-from controlplane.choices import PlatformRole, Scope, TenantRole
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.models import Membership, ServiceAccount, Tenant, User
+from controlplane.choices import InvitationStatus, PlatformRole, Scope, TenantRole
+from controlplane.errors import Conflict, Forbidden, ValidationFailed
+from controlplane.models import Invitation, Membership, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record, snapshot
 from controlplane.services.revisions import reject_unknown, revised_update
@@ -69,28 +72,168 @@ def tenant_update(
     )
 
 
-def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
-    """Add a user to a tenant, or change their role there."""
-    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+def may_add_without_consent(actor: Principal) -> bool:
+    """Who may put an existing user into a tenant without the user accepting an invitation: platform
+    admins only. Tenant admins add the users they create for their tenant, or invite."""
+    return actor.sees_all(Scope.MEMBERS_WRITE)
+
+
+def _check_role(role: str) -> None:
     if role not in TenantRole.values:
         raise ValidationFailed(f"Unknown tenant role '{role}'; use {', '.join(TenantRole.values)}.")
+
+
+def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
+    """Change a member's role; add a new member only as a platform admin (others invite)."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    _check_role(role)
     with transaction.atomic():
-        membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
-        before = {"role": membership.role} if membership else None
-        if membership is None:
-            membership = Membership.objects.create(tenant=tenant, user=user, role=role)
-        else:
-            Membership.objects.filter(pk=membership.pk).update(role=role)
-            membership.role = role
+        exists = Membership.objects.filter(tenant=tenant, user=user).exists()
+        if not exists and not may_add_without_consent(actor):
+            raise Forbidden(
+                f"{user.username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
+                f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "
+                "and they join when they accept.",
+                code="invitation_required",
+            )
+        return _membership_write(actor=actor, tenant=tenant, user=user, role=role)
+
+
+def _membership_write(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
+    """Create or change the membership, audited; the caller checked who may, inside its transaction."""
+    membership = Membership.objects.select_for_update().filter(tenant=tenant, user=user).first()
+    before = {"role": membership.role} if membership else None
+    if membership is None:
+        membership = Membership.objects.create(tenant=tenant, user=user, role=role)
+    else:
+        Membership.objects.filter(pk=membership.pk).update(role=role)
+        membership.role = role
+    audit_record(
+        actor=actor,
+        action="membership.set",
+        target=membership,
+        tenant=tenant,
+        before=before,
+        after={"user": user.username, "role": role},
+    )
+    return membership
+
+
+def tenant_user_create(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
+    """Make a user the tenant admin just created for this tenant a member (users.user_create calls it
+    in its transaction): a user created for a tenant needs no invitation."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    _check_role(role)
+    return _membership_write(actor=actor, tenant=tenant, user=user, role=role)
+
+
+def invitation_create(
+    *, actor: Principal, tenant: Tenant, user: User, role: str, now: datetime | None = None
+) -> Invitation:
+    """Invite an existing user to join ``tenant`` with ``role``; expires after INVITATION_TTL_DAYS."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    _check_role(role)
+    now = now or timezone.now()
+    try:
+        return _invitation_insert(actor=actor, tenant=tenant, user=user, role=role, now=now)
+    except IntegrityError as exc:  # a concurrent invitation of the same user won
+        raise Conflict(f"{user.username} already has a pending invitation.", code="already_invited") from exc
+
+
+def _invitation_insert(
+    *, actor: Principal, tenant: Tenant, user: User, role: str, now: datetime
+) -> Invitation:
+    with transaction.atomic():
+        if Membership.objects.filter(tenant=tenant, user=user).exists():
+            raise Conflict(f"{user.username} is already a member of {tenant.slug}.", code="already_member")
+        invitations_expire(now=now, tenant=tenant, user=user)
+        if Invitation.objects.filter(tenant=tenant, user=user, status=InvitationStatus.PENDING).exists():
+            raise Conflict(f"{user.username} already has a pending invitation.", code="already_invited")
+        invitation = Invitation.objects.create(
+            tenant=tenant,
+            user=user,
+            role=role,
+            invited_by_name=actor.name,
+            created_at=now,
+            expires_at=now + timedelta(days=settings.INVITATION_TTL_DAYS),
+        )
         audit_record(
             actor=actor,
-            action="membership.set",
-            target=membership,
+            action="invitation.created",
+            target=invitation,
             tenant=tenant,
-            before=before,
-            after={"user": user.username, "role": role},
+            after={"user": user.username, "role": role, "expires_at": invitation.expires_at},
         )
-    return membership
+    return invitation
+
+
+def _invitation_move(
+    *, actor: Principal, invitation: Invitation, to: str, now: datetime, extra: dict[str, Any] | None = None
+) -> Invitation:
+    """Compare-and-set pending → ``to``, audited in the caller's transaction."""
+    moved = Invitation.objects.filter(pk=invitation.pk, status=InvitationStatus.PENDING).update(
+        status=to, responded_at=now
+    )
+    if not moved:
+        raise Conflict(f"This invitation is already {invitation.status}.", code="invalid_transition")
+    invitation.status, invitation.responded_at = to, now
+    audit_record(
+        actor=actor,
+        action=f"invitation.{to}",
+        target=invitation,
+        tenant=invitation.tenant,
+        before={"status": InvitationStatus.PENDING},
+        after={"status": to, "user": invitation.user.username, "role": invitation.role, **(extra or {})},
+    )
+    return invitation
+
+
+def _check_invitee(actor: Principal, invitation: Invitation) -> None:
+    if actor.user is None or actor.user.pk != invitation.user_id:
+        raise Forbidden("Only the invited user can answer an invitation.")
+
+
+def invitation_accept(*, actor: Principal, invitation: Invitation, now: datetime | None = None) -> Membership:
+    """The invited user joins the tenant with the invited role (before it expires)."""
+    _check_invitee(actor, invitation)
+    now = now or timezone.now()
+    if invitation.expires_at <= now:
+        invitations_expire(now=now, tenant=invitation.tenant, user=invitation.user)
+        raise Conflict("This invitation has expired; ask for a new one.", code="invitation_expired")
+    with transaction.atomic():
+        _invitation_move(actor=actor, invitation=invitation, to=InvitationStatus.ACCEPTED, now=now)
+        return _membership_write(
+            actor=actor, tenant=invitation.tenant, user=invitation.user, role=invitation.role
+        )
+
+
+def invitation_decline(
+    *, actor: Principal, invitation: Invitation, now: datetime | None = None
+) -> Invitation:
+    _check_invitee(actor, invitation)
+    with transaction.atomic():
+        return _invitation_move(
+            actor=actor, invitation=invitation, to=InvitationStatus.DECLINED, now=now or timezone.now()
+        )
+
+
+def invitations_expire(*, now: datetime, tenant: Tenant | None = None, user: User | None = None) -> int:
+    """Mark pending invitations past their expiry as expired (audited, by the system); returns how many."""
+    due = Invitation.objects.filter(status=InvitationStatus.PENDING, expires_at__lte=now)
+    if tenant is not None:
+        due = due.filter(tenant=tenant)
+    if user is not None:
+        due = due.filter(user=user)
+    system = Principal.system("invitation-expiry")
+    count = 0
+    with transaction.atomic():
+        for invitation in due.select_related("tenant", "user"):
+            try:
+                _invitation_move(actor=system, invitation=invitation, to=InvitationStatus.EXPIRED, now=now)
+            except Conflict:
+                continue  # answered meanwhile
+            count += 1
+    return count
 
 
 def membership_remove(*, actor: Principal, membership: Membership) -> None:

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from controlplane.choices import ALL_SCOPES, PLATFORM_ROLE_SCOPES, TENANT_ROLE_SCOPES, Scope
 from controlplane.errors import Conflict, Forbidden, ValidationFailed
-from controlplane.models import ApiToken, ServiceAccount
+from controlplane.models import ApiToken, ServiceAccount, Tenant
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
 
@@ -30,12 +30,40 @@ def _robot_scopes(robot: ServiceAccount) -> frozenset[str]:
     return table.get(robot.role, frozenset())
 
 
-def _check_owner(actor: Principal, robot: ServiceAccount | None) -> frozenset[str]:
+def token_binding(
+    *, actor: Principal, robot: ServiceAccount | None, tenant: Tenant | None, scopes: list[str]
+) -> Tenant | None:
+    """The one tenant a new token acts in and is served for at the gateway (None: unbound).
+
+    A tenant robot's token is bound to the robot's tenant. A ``models:invoke`` token is used at the
+    gateway, so it must be bound: to the tenant named, or else to the owner's only tenant.
+    """
+    if robot is not None and robot.tenant is not None:
+        if tenant is not None and tenant.pk != robot.tenant_id:
+            raise ValidationFailed(
+                f"A token of {robot} is bound to {robot.tenant.slug}.", detail={"tenant": ["Mismatch."]}
+            )
+        return robot.tenant
+    if tenant is None and Scope.MODELS_INVOKE in scopes:
+        own = list(actor.tenant_roles) if robot is None else []
+        if len(own) != 1:
+            raise ValidationFailed(
+                "A token with models:invoke is used at the gateway and must be bound to one tenant: "
+                "name the tenant.",
+                detail={"tenant": ["Required with models:invoke."]},
+            )
+        return Tenant.objects.get(pk=own[0])
+    return tenant
+
+
+def _check_owner(
+    actor: Principal, robot: ServiceAccount | None, tenant: Tenant | None = None
+) -> frozenset[str]:
     """Who may mint for whom; returns the scopes the new token's owner can hold at most."""
     if robot is None:
         if actor.user is None:
             raise Forbidden("Only a person can own a personal token; name a service account instead.")
-        return actor.all_scopes
+        return actor.all_scopes if tenant is None else actor.tenant_scopes(tenant.pk)
     if robot.tenant_id:
         actor.require(Scope.TOKENS_WRITE, robot.tenant_id)
     else:
@@ -67,9 +95,11 @@ def token_create(
     scopes: list[str],
     expires_at: datetime | None = None,
     service_account: ServiceAccount | None = None,
+    tenant: Tenant | None = None,
 ) -> tuple[ApiToken, str]:
-    """Mint a token; the secret is returned here once and never stored."""
-    granted = _check_scopes(scopes, _check_owner(actor, service_account))
+    """Mint a token; the secret is returned here once and never stored. ``tenant`` binds it."""
+    tenant = token_binding(actor=actor, robot=service_account, tenant=tenant, scopes=scopes)
+    granted = _check_scopes(scopes, _check_owner(actor, service_account, tenant))
     if not name or len(name) > 100:
         raise ValidationFailed("A token needs a name of 1 to 100 characters.", detail={"name": ["Invalid."]})
     if expires_at is not None and expires_at <= timezone.now():
@@ -84,6 +114,7 @@ def token_create(
         expires_at=expires_at,
         user=actor.user if service_account is None else None,
         service_account=service_account,
+        tenant=tenant,
         created_by_name=actor.name,
     )
     with transaction.atomic():
@@ -98,6 +129,7 @@ def token_create(
                 "prefix": prefix,
                 "owner": token.owner_name,
                 "scopes": granted,
+                "tenant": tenant.slug if tenant else None,
                 "expires_at": expires_at,
             },
         )

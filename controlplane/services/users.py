@@ -5,17 +5,31 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from controlplane.choices import PlatformRole, Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.models import User
+from controlplane.errors import Conflict, Forbidden, ValidationFailed
+from controlplane.models import Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
+from controlplane.services.tenants import tenant_user_create
 from controlplane.services.validation import full_clean
 
 
 def user_create(
-    *, actor: Principal, username: str, email: str = "", password: str | None = None, platform_role: str = ""
+    *,
+    actor: Principal,
+    username: str,
+    email: str = "",
+    password: str | None = None,
+    platform_role: str = "",
+    tenant: Tenant | None = None,
+    role: str = "",
 ) -> User:
-    actor.require(Scope.USERS_WRITE)
+    """A new person; with ``tenant`` (and ``role``), created by a tenant admin as a member of it."""
+    if tenant is None:
+        actor.require(Scope.USERS_WRITE)
+    else:
+        actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+        if platform_role:
+            raise Forbidden("A user created for a tenant gets no platform role.")
     if platform_role not in PlatformRole.values:
         raise ValidationFailed(f"Unknown platform role '{platform_role}'.")
     user = User(username=username, email=email, platform_role=platform_role)
@@ -36,8 +50,11 @@ def user_create(
             actor=actor,
             action="user.created",
             target=user,
+            tenant=tenant,
             after={"username": username, "email": email, "platform_role": platform_role},
         )
+        if tenant is not None:
+            tenant_user_create(actor=actor, tenant=tenant, user=user, role=role)
     return user
 
 

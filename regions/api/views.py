@@ -81,7 +81,7 @@ class DeploymentListView(PrincipalMixin, generics.ListAPIView):
         data = s.DeploymentWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
-        owner = core_selectors.tenant_get(self.principal, fields.pop("owner"))
+        owner = core_selectors.tenant_get(self.principal, fields.pop("owner"), None)
         model = registry_selectors.model_get(self.principal, *fields.pop("model").split("/"))
         deployment = deployments.deployment_create(actor=self.principal, owner=owner, model=model, **fields)
         return Response(s.DeploymentSerializer(deployment).data, status=201)
@@ -152,8 +152,7 @@ class PlacementView(PrincipalMixin):
         params = request.query_params
         if not all(params.get(p) for p in ("owner", "model", "version")) or "/" not in params["model"]:
             raise ValidationFailed("Give owner, model (owner/name) and version.")
-        tenant = core_selectors.tenant_get(self.principal, params["owner"])
-        self.principal.require(Scope.DEPLOYMENTS_READ, tenant.pk)
+        tenant = core_selectors.tenant_get(self.principal, params["owner"], Scope.DEPLOYMENTS_READ)
         model = registry_selectors.model_get(self.principal, *params["model"].split("/", 1))
         version = registry_selectors.version_get(model, params["version"])
         all_regions = list(Region.objects.prefetch_related("gpu_pools"))

@@ -61,7 +61,9 @@ class ModelListView(ModelScoped, generics.ListAPIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         owner_slug = fields.pop("owner")
-        owner = None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug)
+        owner = (
+            None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug, None)
+        )
         model = models.model_register(actor=self.principal, owner=owner, **fields)
         return Response(
             s.ModelSerializer(model).data, status=201, headers={"ETag": etag(model.pk, model.revision)}

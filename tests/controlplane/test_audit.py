@@ -154,7 +154,7 @@ def test_audit_records_request_id_of_the_api_call(world, api):
 def test_one_event_per_change_even_across_services(world, api):
     client = api(world.alice)
     before = AuditEvent.objects.count()
-    client.post("/api/v1/tenants/acme/members/", {"username": "bob", "role": "viewer"}, format="json")
+    client.post("/api/v1/tenants/acme/members/", {"username": "vera", "role": "developer"}, format="json")
     client.post(
         "/api/v1/service-accounts/", {"name": "deploy", "tenant": "acme", "role": "developer"}, format="json"
     )

@@ -84,3 +84,31 @@ def test_env_bool_rejects_nonsense(monkeypatch):
     monkeypatch.setenv("FLAG", "maybe")
     with pytest.raises(ImproperlyConfigured, match="FLAG"):
         env_bool("FLAG")
+
+
+def _shell(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "--no-imports", "-c", code],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_without_redis_every_process_shares_the_rate_limit_counters(tmp_path):
+    """`serve` runs two web workers: a counter written by one process is seen by another."""
+    var = {"CONTROLPLANE_VAR_DIR": str(tmp_path)}
+    _shell("from django.core.cache import cache; cache.set('throttle:probe', [1, 2, 3], 60)", **var)
+    seen = _shell("from django.core.cache import cache; print(cache.get('throttle:probe'))", **var)
+    assert seen == "[1, 2, 3]"
+
+
+def test_redis_is_the_cache_whenever_it_is_configured(tmp_path):
+    code = "from django.conf import settings; print(settings.CACHES['default']['BACKEND'])"
+    backend = _shell(code, REDIS_URL="redis://127.0.0.1:6379/3", CONTROLPLANE_VAR_DIR=str(tmp_path))
+    assert backend == "django.core.cache.backends.redis.RedisCache"

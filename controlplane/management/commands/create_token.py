@@ -25,6 +25,9 @@ class Command(BaseCommand):
             "--scopes", required=True, help="Comma-separated, e.g. registry:read,registry:write"
         )
         parser.add_argument("--name", default="cli")
+        parser.add_argument(
+            "--tenant", help="Bind a person's token to this tenant (needed for models:invoke)"
+        )
         parser.add_argument("--expires-in-days", type=int)
 
     def _robot(self, actor: Principal, spec: str, role: str) -> ServiceAccount:
@@ -47,6 +50,7 @@ class Command(BaseCommand):
                 name=opts["name"],
                 scopes=opts["scopes"].split(","),
                 service_account=robot,
+                tenant=selectors.tenant_get(system, opts["tenant"], None) if opts.get("tenant") else None,
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
             )
         except ApplicationError as exc:

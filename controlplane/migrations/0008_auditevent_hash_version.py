@@ -11,7 +11,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("controlplane", "0004_tenant_budget_hard_limit_tenant_budget_thresholds_and_more"),
+        ("controlplane", "0007_bind_existing_tokens"),
     ]
 
     operations = [

@@ -1,0 +1,119 @@
+"""A token used at the gateway is bound to one tenant at creation; joining another tenant never breaks it."""
+
+import importlib
+
+import pytest
+from django.apps import apps
+
+from controlplane.choices import Scope, TenantRole
+from controlplane.errors import ValidationFailed
+from controlplane.models import ApiToken
+from controlplane.services.tokens import token_create, token_digest
+from gateway.config import RouteCache, Settings
+from routing import services as routing
+from tests.conftest import principal
+from tests.factories import MembershipFactory
+
+INVOKE = [Scope.MODELS_INVOKE]
+
+
+def _gateway_tenant(secret: str, organization: str | None = None) -> str | None:
+    cache = RouteCache(settings=Settings(control_plane="http://cp", token="", cache_file=None))
+    cache.body = {"credentials": routing.credentials()}
+    return cache.tenant_of(token_digest(secret), organization)
+
+
+def test_a_one_tenant_users_invoke_token_is_bound_to_that_tenant(world):
+    token, secret = token_create(actor=principal(world.alice), name="app", scopes=INVOKE)
+    assert token.tenant == world.tenant_a
+    assert routing.credentials()[token.digest]["tenants"] == ["acme"]
+    assert _gateway_tenant(secret) == "acme"
+
+
+def test_joining_a_second_tenant_does_not_break_a_gateway_token(world):
+    _, secret = token_create(actor=principal(world.bob), name="app", scopes=INVOKE)
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    assert _gateway_tenant(secret) == "globex"  # no OpenAI-Organization needed
+    assert _gateway_tenant(secret, "acme") is None  # and it never reaches the other tenant
+
+
+def test_a_user_of_several_tenants_must_name_the_tenant(world):
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    with pytest.raises(ValidationFailed, match="bound to one tenant"):
+        token_create(actor=principal(world.bob), name="app", scopes=INVOKE)
+    _, secret = token_create(actor=principal(world.bob), name="app", scopes=INVOKE, tenant=world.tenant_a)
+    assert _gateway_tenant(secret) == "acme"
+
+
+def test_binding_over_the_api_and_cross_tenant(world, api):
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.VIEWER)
+    bob = api()
+    bob.force_login(world.bob)  # the console's session: all of bob's roles
+    unbound = bob.post("/api/v1/tokens/", {"name": "x", "scopes": INVOKE}, format="json")
+    assert unbound.status_code == 400 and "tenant" in unbound.json()["error"]["detail"]
+    bound = bob.post("/api/v1/tokens/", {"name": "x", "scopes": INVOKE, "tenant": "globex"}, format="json")
+    assert bound.status_code == 201 and bound.json()["tenant"] == "globex"
+    # a viewer of acme holds no models:invoke there, so the token cannot get it
+    acme = bob.post("/api/v1/tokens/", {"name": "x", "scopes": INVOKE, "tenant": "acme"}, format="json")
+    assert acme.status_code == 403
+    # alice cannot bind a token to a tenant she does not belong to (not revealed: 404)
+    alice = api(world.alice)
+    other = alice.post("/api/v1/tokens/", {"name": "x", "scopes": INVOKE, "tenant": "globex"}, format="json")
+    assert other.status_code == 404
+
+
+def test_a_bound_token_acts_only_in_its_tenant(world, api):
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.ADMIN)
+    _, secret = token_create(
+        actor=principal(world.bob), name="g", scopes=["tenants:read"], tenant=world.tenant_b
+    )
+    client = api(secret=secret)
+    assert client.get("/api/v1/tenants/globex/").status_code == 200
+    assert client.get("/api/v1/tenants/acme/").status_code == 404
+    assert client.get("/api/v1/me/").json()["tenants"] == {"globex": "admin"}
+
+
+def test_robot_tokens_are_bound_to_the_robots_tenant(world):
+    token, _ = token_create(
+        actor=principal(world.alice), name="ci", scopes=INVOKE, service_account=world.robot_a
+    )
+    assert token.tenant == world.tenant_a
+    with pytest.raises(ValidationFailed):
+        token_create(
+            actor=principal(world.alice),
+            name="ci",
+            scopes=INVOKE,
+            service_account=world.robot_a,
+            tenant=world.tenant_b,
+        )
+
+
+def test_the_migration_binds_unambiguous_tokens_and_leaves_the_others(world):
+    migration = importlib.import_module("controlplane.migrations.0007_bind_existing_tokens")
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    alice, _ = token_create(actor=principal(world.alice), name="a", scopes=["tenants:read"])
+    bob, _ = token_create(actor=principal(world.bob), name="b", scopes=["tenants:read"])
+    robot, _ = token_create(
+        actor=principal(world.alice), name="r", scopes=["registry:read"], service_account=world.robot_a
+    )
+    admin, _ = token_create(actor=principal(world.admin), name="p", scopes=["tenants:read"])
+    ApiToken.objects.update(tenant=None)  # as before the migration
+
+    migration.bind(apps, None)
+
+    bound = dict(ApiToken.objects.values_list("pk", "tenant__slug"))
+    assert bound == {alice.pk: "acme", bob.pk: None, robot.pk: "acme", admin.pk: None}
+    assert all(d["tenants"] in (["acme"],) for d in routing.credentials().values())
+
+
+def test_the_console_binds_a_token_to_the_chosen_tenant(world, client):
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    client.force_login(world.bob)
+    form = {"name": "app", "owner": "me", "scopes": ["models:invoke"], "expires_in_days": 30}
+    refused = client.post("/tokens/", form)
+    assert refused.status_code == 400 and "bound to one tenant" in refused.content.decode()
+    created = client.post("/tokens/", {**form, "tenant": "acme"})
+    assert created.status_code == 200
+    assert ApiToken.objects.get(name="app").tenant == world.tenant_a
+    # a tenant the user does not belong to is not offered, and not accepted
+    assert client.post("/tokens/", {**form, "name": "x", "tenant": "nowhere"}).status_code == 400
