@@ -29,6 +29,7 @@ SYSTEM = Principal.system("billing", source=AuditSource.TASK)
 MAX_BATCH = 5000
 FIELDS = {
     "request_id",
+    "client_request_id",
     "tenant",
     "model_name",
     "region",
@@ -85,6 +86,7 @@ def _row(index: int, record: dict[str, Any], tenants: dict[str, int]) -> UsageRe
     try:
         return UsageRecord(
             request_id=str(record["request_id"])[:64],
+            client_request_id=str(record.get("client_request_id") or "")[:128],
             tenant_id=tenant_id,
             model_name=str(record.get("model_name", ""))[:100],
             region=str(record.get("region", ""))[:41],

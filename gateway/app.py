@@ -87,8 +87,8 @@ class Gateway:
     # --- requests --------------------------------------------------------------------------------------
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
-        reply = Reply(send, request_id)
+        # Our own id for every request: usage is keyed by it, so no header can merge or hide requests.
+        reply = Reply(send, uuid.uuid4().hex)
         path, method = scope["path"], scope["method"]
         if path == "/healthz":
             return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
@@ -177,6 +177,7 @@ class Gateway:
             self.usage.record(
                 {
                     "request_id": reply.request_id,
+                    "client_request_id": client_request_id(headers),
                     "tenant": tenant,
                     "model_name": name,
                     "region": endpoint["region"],
@@ -229,6 +230,12 @@ class Gateway:
             except (ValueError, AttributeError):
                 usage = {}
             return usage, upstream.status
+
+
+def client_request_id(headers: dict[str, str]) -> str:
+    """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
+    raw = headers.get("x-request-id", "").strip()
+    return "".join(c for c in raw if " " <= c <= "~")[:128]
 
 
 def _usage_from_events(tail: bytes) -> dict[str, Any]:
