@@ -14,6 +14,7 @@ import aiohttp
 
 from gateway.balancer import Ejections, candidates, pick
 from gateway.config import RouteCache, Settings
+from gateway.inbound import Refused, parse_payload, read_body
 from gateway.limits import Limits
 from gateway.usage import UsageShipper
 
@@ -90,6 +91,8 @@ class Gateway:
         # Our own id for every request: usage is keyed by it, so no header can merge or hide requests.
         reply = Reply(send, uuid.uuid4().hex)
         path, method = scope["path"], scope["method"]
+        if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
+            return await reply.error(431, "The request headers are too large.", "headers_too_large")
         if path == "/healthz":
             return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
         if not self.routes.body:
@@ -105,12 +108,12 @@ class Gateway:
             return await reply.json(200, {"object": "list", "data": models})
         if path not in PROXIED or method != "POST":
             return await reply.error(404, f"No route for {method} {path}.", "not_found")
-        body = await _read_body(receive)
         try:
-            payload = json.loads(body)
-            name = str(payload["model"])
-        except (ValueError, KeyError, TypeError):
-            return await reply.error(400, "The body must be JSON with a 'model' field.", "invalid_request")
+            body = await read_body(receive, headers, self.settings.max_body_bytes)
+            payload = parse_payload(body, self.settings.max_json_depth)
+        except Refused as bad:
+            return await reply.error(bad.status, bad.message, bad.code)
+        name = payload["model"]
         route = view["models"].get(name)
         if route is None:
             return await reply.error(
@@ -246,15 +249,6 @@ def _usage_from_events(tail: bytes) -> dict[str, Any]:
             except ValueError:
                 return {}
     return {}
-
-
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
 
 
 class Reply:

@@ -44,7 +44,7 @@ def serve(answer: Callable[[BaseHTTPRequestHandler, bytes], None]) -> tuple[str,
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return f"http://127.0.0.1:{server.server_port}", server
 
 

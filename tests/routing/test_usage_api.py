@@ -97,3 +97,35 @@ def test_the_control_planes_own_request_id_header_never_keys_usage(world, api, g
         reply = client.post("/api/v1/usage/", {"records": [batch]}, format="json", HTTP_X_REQUEST_ID="same")
         assert reply.json() == {"accepted": 1, "duplicates": 0} and reply["X-Request-ID"] == "same"
     assert UsageRecord.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"prompt_tokens": 2**31},
+        {"prompt_tokens": 2**80},
+        {"completion_tokens": -1},
+        {"status": 70_000},
+        {"status": -5},
+        {"status": 99},
+        {"attempts": 10**9},
+        {"attempts": 0},
+        {"latency_ms": "nan"},
+        {"latency_ms": "inf"},
+        {"latency_ms": -1},
+        {"deployment": 2**70},
+        {"started_at": "2026-13-45T99:00:00+00:00"},
+        {"model_name": "chat\x00"},
+        {"request_id": "abc\x00def"},
+        {"client_request_id": "x\x00"},
+        {"request_id": ""},
+        {"version": {"a": 1}},
+        {"stream": "sometimes"},
+    ],
+)
+def test_out_of_range_values_are_a_400_and_the_batch_writes_nothing(world, api, gateway_token, bad):
+    batch = [record(world.tenant_a.slug), {**record(world.tenant_a.slug), **bad}]
+    reply = api(secret=gateway_token).post("/api/v1/usage/", {"records": batch}, format="json")
+    assert reply.status_code == 400, reply.content
+    assert reply.json()["error"]["code"] == "invalid" and "records[1]" in reply.json()["error"]["message"]
+    assert UsageRecord.objects.count() == 0
