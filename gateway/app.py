@@ -16,10 +16,12 @@ from gateway.balancer import Ejections, candidates, pick
 from gateway.config import RouteCache, Settings
 from gateway.inbound import Refused, parse_payload, read_body
 from gateway.limits import Limits
+from gateway.streaming import EventFilter
 from gateway.usage import UsageShipper
 
 log = logging.getLogger("gateway")
 PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+METHODS = {"/v1/models": "GET", **dict.fromkeys(PROXIED, "POST")}  # every path the gateway answers
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -95,6 +97,14 @@ class Gateway:
             return await reply.error(431, "The request headers are too large.", "headers_too_large")
         if path == "/healthz":
             return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
+        # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
+        allowed = METHODS.get(path)
+        if allowed is None:
+            return await reply.error(404, f"No route for {method} {path}.", "not_found")
+        if method != allowed:
+            return await reply.error(
+                405, f"{path} takes {allowed}, not {method}.", "method_not_allowed", {"allow": allowed}
+            )
         if not self.routes.body:
             return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
         tenant = self._authenticate(headers)
@@ -103,11 +113,9 @@ class Gateway:
                 401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
             )
         view = self.routes.view(tenant)
-        if path == "/v1/models" and method == "GET":
+        if path == "/v1/models":
             models = [{"id": name, "object": "model", "owned_by": tenant} for name in view["models"]]
             return await reply.json(200, {"object": "list", "data": models})
-        if path not in PROXIED or method != "POST":
-            return await reply.error(404, f"No route for {method} {path}.", "not_found")
         try:
             body = await read_body(receive, headers, self.settings.max_body_bytes)
             payload = parse_payload(body, self.settings.max_json_depth)
@@ -152,10 +160,10 @@ class Gateway:
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
+        asked_for_usage = payload.get("stream_options", {}).get("include_usage") is True
         if stream and path != "/v1/embeddings":
-            payload.setdefault("stream_options", {})["include_usage"] = (
-                True  # so the last event counts tokens
-            )
+            # So the last event counts tokens; that usage-only event reaches the client only if it asked.
+            payload.setdefault("stream_options", {})["include_usage"] = True
         affinity = headers.get("x-session-id") or payload.get("user")
         started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
         last_error = ""
@@ -167,7 +175,7 @@ class Gateway:
             tried.add(endpoint["url"])
             payload["model"] = endpoint["served_model"]
             try:
-                usage, status = await self._forward(reply, endpoint, path, payload, stream)
+                usage, status = await self._forward(reply, endpoint, path, payload, stream, asked_for_usage)
             except (TimeoutError, aiohttp.ClientConnectionError, Upstream5xx) as exc:
                 if reply.started:  # bytes already reached the client: nothing safe to retry
                     log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
@@ -201,7 +209,13 @@ class Gateway:
         await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
 
     async def _forward(
-        self, reply: "Reply", endpoint: dict[str, Any], path: str, payload: dict[str, Any], stream: bool
+        self,
+        reply: "Reply",
+        endpoint: dict[str, Any],
+        path: str,
+        payload: dict[str, Any],
+        stream: bool,
+        forward_usage_chunk: bool,
     ) -> tuple[dict[str, Any], int]:
         assert self.session is not None
         data = json.dumps(payload).encode()
@@ -219,12 +233,12 @@ class Gateway:
             content_type = upstream.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
-                tail = b""
+                events = EventFilter(forward_usage_chunk)
                 async for chunk in upstream.content.iter_any():
-                    await reply.chunk(chunk)
-                    tail = (tail + chunk)[-4096:]  # the usage event is the last one before [DONE]
-                await reply.chunk(b"", more=False)
-                return _usage_from_events(tail), upstream.status
+                    if data := events.feed(chunk):
+                        await reply.chunk(data)
+                await reply.chunk(events.flush(), more=False)
+                return events.usage, upstream.status
             body = await upstream.read()
             await reply.start(upstream.status, content_type, extra, length=len(body))
             await reply.chunk(body, more=False)
@@ -239,16 +253,6 @@ def client_request_id(headers: dict[str, str]) -> str:
     """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
     raw = headers.get("x-request-id", "").strip()
     return "".join(c for c in raw if " " <= c <= "~")[:128]
-
-
-def _usage_from_events(tail: bytes) -> dict[str, Any]:
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {") and b'"usage"' in line:
-            try:
-                return json.loads(line[6:]).get("usage") or {}
-            except ValueError:
-                return {}
-    return {}
 
 
 class Reply:
@@ -270,17 +274,16 @@ class Reply:
     async def chunk(self, data: bytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
-    async def json(self, status: int, body: dict[str, Any]) -> None:
+    async def json(self, status: int, body: dict[str, Any], extra: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
-        await self.start(status, "application/json", {}, length=len(data))
+        await self.start(status, "application/json", extra or {}, length=len(data))
         await self.chunk(data, more=False)
 
-    async def error(self, status: int, message: str, code: str) -> None:
+    async def error(self, status: int, message: str, code: str, extra: dict[str, str] | None = None) -> None:
         """OpenAI's error shape, which its client libraries parse and show."""
         kind = "invalid_request_error" if status < 500 else "service_unavailable"
-        await self.json(
-            status, {"error": {"message": message, "type": kind, "code": code, "request_id": self.request_id}}
-        )
+        error = {"message": message, "type": kind, "code": code, "request_id": self.request_id}
+        await self.json(status, {"error": error}, extra)
 
 
 app = Gateway(Settings.from_env())
