@@ -70,6 +70,7 @@ class Gateway:
         if self.session is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
+            self.usage.close()
             await self.session.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -96,7 +97,10 @@ class Gateway:
         if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
             return await reply.error(431, "The request headers are too large.", "headers_too_large")
         if path == "/healthz":
-            return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
+            health = {"status": "ok", "generation": self.routes.generation, "usage": self.usage.stats()}
+            return await reply.json(200, health)
+        if path == "/metrics":
+            return await reply.text(200, _metrics(self.usage.stats()))
         # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
         allowed = METHODS.get(path)
         if allowed is None:
@@ -255,6 +259,16 @@ def client_request_id(headers: dict[str, str]) -> str:
     return "".join(c for c in raw if " " <= c <= "~")[:128]
 
 
+def _metrics(usage: dict[str, int]) -> str:
+    """Prometheus text exposition of the usage spool (the gateway's only metrics so far)."""
+    lines = []
+    for name, value in usage.items():
+        kind = "gauge" if name in ("backlog", "spool_bytes") else "counter"
+        metric = f"gateway_usage_{name}" + ("_total" if kind == "counter" else "")
+        lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
+    return "\n".join(lines) + "\n"
+
+
 class Reply:
     """The response side of one ASGI request."""
 
@@ -277,6 +291,11 @@ class Reply:
     async def json(self, status: int, body: dict[str, Any], extra: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         await self.start(status, "application/json", extra or {}, length=len(data))
+        await self.chunk(data, more=False)
+
+    async def text(self, status: int, body: str) -> None:
+        data = body.encode()
+        await self.start(status, "text/plain; version=0.0.4; charset=utf-8", {}, length=len(data))
         await self.chunk(data, more=False)
 
     async def error(self, status: int, message: str, code: str, extra: dict[str, str] | None = None) -> None:

@@ -94,6 +94,7 @@ class FakeControlPlane:
     records: list[dict[str, Any]] = field(default_factory=list)
     down: bool = False
     refuse: Callable[[dict[str, Any]], bool] = lambda record: False
+    name_refused: bool = True  # say which record was refused ("records[3]: ...")
     batches: int = 0
     url: str = ""
 
@@ -109,7 +110,7 @@ class FakeControlPlane:
             self.batches += 1
             bad = [n for n, r in enumerate(batch) if self.refuse(r)]
             if bad:
-                message = f"records[{bad[0]}]: refused."
+                message = f"records[{bad[0]}]: refused." if self.name_refused else "Refused."
                 return reply(handler, 400, {"error": {"code": "validation_failed", "message": message}})
             known = {r["request_id"] for r in self.records}
             fresh = [r for r in batch if r["request_id"] not in known]
