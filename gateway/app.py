@@ -3,8 +3,10 @@
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
+import secrets
 import time
 import uuid
 from datetime import UTC, datetime
@@ -44,6 +46,7 @@ class Gateway:
         self.limits = Limits()
         self.ejections = Ejections(settings.ejection_seconds)
         self.usage = UsageShipper(settings)
+        self.fallback_salt_key = secrets.token_bytes(32)  # for a table without salts (an older control plane)
         self.session: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -169,6 +172,7 @@ class Gateway:
             # So the last event counts tokens; that usage-only event reaches the client only if it asked.
             payload.setdefault("stream_options", {})["include_usage"] = True
         affinity = headers.get("x-session-id") or payload.get("user")
+        client_salt = payload.get("cache_salt")
         started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
         last_error = ""
         for attempt in range(1, self.settings.max_attempts + 1):
@@ -178,6 +182,11 @@ class Gateway:
             endpoint = pick(tier, affinity)
             tried.add(endpoint["url"])
             payload["model"] = endpoint["served_model"]
+            salt = self._cache_salt(tenant, endpoint, path, client_salt)
+            if salt is None:
+                payload.pop("cache_salt", None)
+            else:
+                payload["cache_salt"] = salt
             try:
                 usage, status = await self._forward(reply, endpoint, path, payload, stream, asked_for_usage)
             except (TimeoutError, aiohttp.ClientConnectionError, Upstream5xx) as exc:
@@ -211,6 +220,20 @@ class Gateway:
             )
             return
         await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
+
+    def _cache_salt(
+        self, tenant: str, endpoint: dict[str, Any], path: str, client_salt: str | None
+    ) -> str | None:
+        """vLLM's ``cache_salt`` for this request: on a shared deployment always the tenant's own (a client's
+        salt only subdivides it), so no tenant shares, or can time, another's cached prefixes."""
+        if not endpoint.get("shared") or path == "/v1/embeddings":
+            return client_salt  # the tenant's own engine (or no prefix cache): the client decides
+        salt = self.routes.body.get("cache_salts", {}).get(tenant)
+        if not salt:
+            salt = hmac.new(self.fallback_salt_key, tenant.encode(), hashlib.sha256).hexdigest()[:32]
+        if client_salt:
+            salt += "-" + hashlib.sha256(client_salt.encode()).hexdigest()[:32]
+        return salt
 
     async def _forward(
         self,

@@ -142,6 +142,7 @@ def route_table(engine_url: str) -> dict[str, Any]:
             "globex": {"limits": {}, "blocked": "", "models": {"shared": shared}},
         },
         "credentials": {digest(t): {"tenants": [slug], "expires": None} for slug, t in TOKENS.items()},
+        "cache_salts": {slug: hashlib.sha256(f"salt:{slug}".encode()).hexdigest()[:32] for slug in TOKENS},
     }
 
 
