@@ -10,6 +10,7 @@ from billing.services import usage_ingest
 from controlplane.models import Tenant
 from controlplane.principal import Principal
 from tests.routing.gateway_harness import GatewayWorld
+from tests.routing.test_gateway import fleet  # noqa: F401  (the live fixture)
 
 
 @pytest.fixture
@@ -67,3 +68,31 @@ def test_n_requests_make_exactly_n_usage_records_whatever_the_headers(world, gw,
             and record.get("client_request_id", "") == (client_id or "").strip()[:128]
         )
     assert Tenant.objects.filter(slug__in=["acme", "globex"]).count() == 2
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_end_to_end_a_replayed_header_is_billed_and_traced_per_request(world, fleet, api):  # noqa: F811
+    import requests as http
+
+    from tests.conftest import wait_for
+    from tests.routing.test_gateway import chat
+
+    gateway, alice = fleet["gateway"], fleet["tokens"]["alice"]
+    answers = [chat(gateway, alice)]
+    answers += [
+        http.post(
+            f"{gateway.url}/v1/chat/completions",
+            json={"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            headers={"Authorization": f"Bearer {alice}", "X-Request-ID": "retry-7"},
+            timeout=30,
+        )
+        for _ in range(4)
+    ]
+    assert [a.status_code for a in answers] == [200] * 5
+    wait_for(lambda: UsageRecord.objects.count() == 5, timeout=20)
+    minted = {a.headers["x-request-id"] for a in answers}
+    assert set(UsageRecord.objects.values_list("request_id", flat=True)) == minted
+    found = api(world.alice).get("/api/v1/usage/?client_request_id=retry-7").json()
+    assert len(found) == 4 and {r["request_id"] for r in found} < minted
+    assert api(world.bob).get("/api/v1/usage/?client_request_id=retry-7").json() == []
