@@ -53,6 +53,7 @@ class Gateway:
     # --- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.routes.load_from_disk()
+        self.usage.open()
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(

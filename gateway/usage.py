@@ -42,12 +42,17 @@ class UsageShipper:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.dir = settings.usage_dir()
+        self.memory: list[bytes] = []  # lines the disk refused, oldest first
+        self.counts = {"spooled": 0, "shipped": 0, "quarantined": 0, "write_errors": 0}
+        self.backlog = 0
+        self.lock: IO[str] | None = None
+
+    def open(self) -> None:
+        """Claim a slot and take over its spool (at startup, not at import: workers each claim one)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         self.slot, self.lock = _claim_slot(self.dir)
         self.offset_path = self.dir / f"usage-{self.slot}.offset"
         self.quarantine_path = self.dir / f"usage-{self.slot}.quarantine"
-        self.memory: list[bytes] = []  # lines the disk refused, oldest first
-        self.counts = {"spooled": 0, "shipped": 0, "quarantined": 0, "write_errors": 0}
         self.read_seq, self.read_at = self._load_offset()
         segments = self._segments()
         for seq in [s for s in segments if s < self.read_seq]:
@@ -58,7 +63,8 @@ class UsageShipper:
         if not segments:
             self.read_seq, self.read_at = self.write_seq, 0
         self.writer: IO[bytes] = self._segment(self.write_seq).open("ab")
-        self.backlog = sum(self._unshipped_lines(seq) for seq in segments if seq >= self.read_seq)
+        self.backlog += sum(self._unshipped_lines(seq) for seq in segments if seq >= self.read_seq)
+        self._write_memory()  # anything recorded before the spool was open
 
     # --- writing ---------------------------------------------------------------------------------------
     def record(self, usage: dict[str, Any]) -> None:
@@ -68,7 +74,7 @@ class UsageShipper:
         self._write_memory()
 
     def _write_memory(self) -> None:
-        if not self.memory:
+        if not self.memory or self.lock is None:
             return
         try:
             if self.writer.tell() > SEGMENT_BYTES:
@@ -88,6 +94,8 @@ class UsageShipper:
 
     def sync(self) -> None:
         """fsync what was written: what a power cut (not a mere crash) would otherwise lose."""
+        if self.lock is None:
+            return
         self._write_memory()
         try:
             os.fsync(self.writer.fileno())
@@ -97,6 +105,8 @@ class UsageShipper:
     # --- shipping --------------------------------------------------------------------------------------
     async def ship_once(self, session: aiohttp.ClientSession) -> int:
         """Ship the next batch in order; the number of records it took off the spool."""
+        if self.lock is None:
+            return 0
         self._write_memory()
         lines, end = self._read_batch()
         if lines:
@@ -236,13 +246,18 @@ class UsageShipper:
 
     def stats(self) -> dict[str, int]:
         """What /healthz and /metrics report: records waiting, and counters since the process started."""
+        if self.lock is None:
+            return {"backlog": self.backlog, "spool_bytes": 0, **self.counts}
         spool_bytes = sum(self._segment(s).stat().st_size for s in self._segments()) - self.read_at
         return {"backlog": self.backlog, "spool_bytes": max(0, spool_bytes), **self.counts}
 
     def close(self) -> None:
+        if self.lock is None:
+            return
         self.sync()
         self.writer.close()
         self.lock.close()
+        self.lock = None
 
 
 def _claim_slot(directory: Path) -> tuple[int, IO[str]]:

@@ -173,6 +173,7 @@ class GatewayWorld:
         self.loop = asyncio.new_event_loop()
         self.gateway = Gateway(settings(state_dir, self.control.url, **extra))
         self.gateway.routes.body = self.control.table
+        getattr(self.gateway.usage, "open", lambda: None)()
         self.gateway.session = self.run(self._session())
 
     async def _session(self) -> aiohttp.ClientSession:

@@ -36,6 +36,7 @@ def restart(gw) -> None:  # type: ignore[no-untyped-def]
     """What a new process finds: the spool on disk, nothing in memory."""
     gw.gateway.usage.close()
     gw.gateway.usage = UsageShipper(gw.gateway.settings)
+    gw.gateway.usage.open()
 
 
 def test_an_outage_and_a_restart_lose_nothing_and_replay_in_order(gw, monkeypatch):
