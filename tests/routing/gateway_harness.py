@@ -42,7 +42,11 @@ def serve(answer: Callable[[BaseHTTPRequestHandler, bytes], None]) -> tuple[str,
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request: object, client_address: object) -> None:
+            pass  # a client closing a kept-alive connection is not news
+
+    server = Server(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return f"http://127.0.0.1:{server.server_port}", server
