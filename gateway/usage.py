@@ -108,15 +108,18 @@ class UsageShipper:
         if self.lock is None:
             return 0
         self._write_memory()
-        lines, end = self._read_batch()
-        if lines:
-            await self._deliver(session, lines)
-        if end != self.read_at:
-            self.read_at = end
-            self._save_offset()
-        self._advance_segment()
-        if lines:
-            return self._shipped(len(lines))
+        while True:
+            lines, end = self._read_batch()
+            if lines:
+                await self._deliver(session, lines)
+            if end != self.read_at:
+                self.read_at = end
+                self._save_offset()
+            moved_on = self._advance_segment()
+            if lines:
+                return self._shipped(len(lines))
+            if not moved_on:  # an empty or finished segment: try the next one at once
+                break
         if self.memory:  # the disk refuses writes: ship straight from memory, after everything on disk
             taken = self.memory[:BATCH]
             await self._deliver(session, taken)
@@ -213,18 +216,19 @@ class UsageShipper:
                 at += len(line)
         return lines, at
 
-    def _advance_segment(self) -> None:
-        """Past the end of a closed segment: delete it and read the next one."""
+    def _advance_segment(self) -> bool:
+        """Past the end of a closed segment: delete it and read the next one (True when it did)."""
         size = self._segment(self.read_seq).stat().st_size if self._segment(self.read_seq).exists() else 0
         if self.read_at < size:
-            return
+            return False
         if self.read_seq == self.write_seq:
             if size < ROTATE_WHEN_CAUGHT_UP or self.memory:
-                return
+                return False
             self._rotate()
         self._segment(self.read_seq).unlink(missing_ok=True)
         self.read_seq, self.read_at = self.read_seq + 1, 0
         self._save_offset()
+        return True
 
     def _unshipped_lines(self, seq: int) -> int:
         with self._segment(seq).open("rb") as spool:

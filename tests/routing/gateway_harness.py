@@ -99,6 +99,7 @@ class FakeControlPlane:
     down: bool = False
     refuse: Callable[[dict[str, Any]], bool] = lambda record: False
     name_refused: bool = True  # say which record was refused ("records[3]: ...")
+    lose_replies: bool = False  # store the batch, then answer 503 (the reply lost on the way back)
     batches: int = 0
     url: str = ""
 
@@ -119,6 +120,8 @@ class FakeControlPlane:
             known = {r["request_id"] for r in self.records}
             fresh = [r for r in batch if r["request_id"] not in known]
             self.records += fresh
+            if self.lose_replies:
+                return reply(handler, 503, {"error": {"message": "reply lost"}})
             return reply(handler, 200, {"accepted": len(fresh), "duplicates": len(batch) - len(fresh)})
         return reply(handler, 200, {"generation": 1, "etag": "one", "table": self.table})
 
