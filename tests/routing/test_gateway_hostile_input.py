@@ -2,6 +2,7 @@
 forwarded: bodies over the limit (refused while reading), JSON nested too deep, bodies of the wrong shape."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,35 @@ def test_a_long_authorization_header_is_a_401_and_huge_headers_a_431(gw):
     assert json.loads(answer.body)["error"]["request_id"]
     huge = gw.call("POST", CHAT, {"model": "chat"}, headers={"X-Padding": "x" * 100_000})
     assert refused(huge, 431, "headers_too_large") and gw.engine.seen == []
+
+
+@pytest.mark.slow
+def test_a_50_mb_body_through_uvicorn_is_refused_without_being_buffered(tmp_path):
+    import requests
+
+    from tests.routing.gateway_harness import TOKENS
+    from tests.routing.test_gateway import Gateway
+
+    world = GatewayWorld(tmp_path / "fakes")
+    gateway = Gateway(world.control.url, "gw", tmp_path / "routes.json", tmp_path / "gateway.log")
+    auth = {"Authorization": f"Bearer {TOKENS['acme']}", "Content-Type": "application/json"}
+    url = f"{gateway.url}{CHAT}"
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"model": "chat", "pad": "'
+        for _ in range(50):
+            yield b"x" * 2**20
+        yield b'"}'
+
+    try:
+        declared = requests.post(url, data=b"".join(chunks()), headers=auth, timeout=30)
+        chunked = requests.post(url, data=chunks(), headers=auth, timeout=30)
+        assert declared.status_code == chunked.status_code == 413
+        assert world.engine.seen == []
+        status = (Path(f"/proc/{gateway.proc.pid}/status")).read_text()
+        peak_kib = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM")))
+        assert peak_kib < 120 * 1024  # about 55 MB measured: the 50 MB never sat in the gateway
+        assert requests.post(url, json={"model": "chat", "messages": []}, headers=auth, timeout=10).ok
+    finally:
+        gateway.stop()
+        world.close()
