@@ -48,13 +48,17 @@ client_ids = st.one_of(
 
 @pytest.mark.django_db
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(requests=st.lists(st.tuples(st.sampled_from(["acme", "globex"]), client_ids), min_size=1, max_size=12))
+@given(
+    requests=st.lists(
+        st.tuples(st.sampled_from(["acme", "globex"]), client_ids, st.booleans()), min_size=1, max_size=12
+    )
+)
 def test_n_requests_make_exactly_n_usage_records_whatever_the_headers(world, gw, requests):
     gw.control.records.clear()
     before = UsageRecord.objects.count()
-    for tenant, client_id in requests:
+    for tenant, client_id, stream in requests:
         headers = {} if client_id is None else {"X-Request-ID": client_id}
-        assert gw.chat(tenant=tenant, model="shared", headers=headers).status == 200
+        assert gw.chat(tenant=tenant, model="shared", headers=headers, stream=stream).status == 200
     gw.ship()
     assert len(gw.control.records) == len(requests)
     # The control plane stores what the gateway sent, deduplicating by the gateway's id only.
@@ -62,7 +66,8 @@ def test_n_requests_make_exactly_n_usage_records_whatever_the_headers(world, gw,
     usage_ingest(actor=gateway, records=list(gw.control.records))
     assert UsageRecord.objects.count() - before == len(requests)
     assert usage_ingest(actor=gateway, records=list(gw.control.records))["accepted"] == 0  # re-sent: once
-    for (tenant, client_id), record in zip(requests, gw.control.records, strict=True):
+    for (tenant, client_id, stream), record in zip(requests, gw.control.records, strict=True):
+        assert record["stream"] is stream and record["completion_tokens"] == 2
         assert (
             record["tenant"] == tenant
             and record.get("client_request_id", "") == (client_id or "").strip()[:128]
