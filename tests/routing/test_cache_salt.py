@@ -90,3 +90,39 @@ def test_salts_are_published_to_gateways_only_and_cannot_be_guessed(world, api):
     assert services.cache_salts() == salts  # stable across publications
     mine = api(world.alice).get("/api/v1/routing/table/").json()
     assert "cache_salts" not in mine and salts[world.tenant_b.slug] not in str(mine)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_published_table_marks_a_shared_deployment_and_only_it(world, make_region, tiny_model_dir):
+    from regions.services.deployments import deployment_create
+    from registry.models import RegisteredModel
+    from tests.conftest import principal
+    from tests.regions.conftest import tiny_version
+    from tests.regions.test_reconciler import until_ready
+
+    make_region("eu-west-1", "EU")
+    tiny_version(principal(world.operator), tiny_model_dir)
+    catalog = RegisteredModel.objects.get(name="tiny-llama", owner=None)
+    shared = deployment_create(
+        actor=principal(world.operator),
+        owner=world.tenant_a,
+        name="assistant",
+        model=catalog,
+        version="1.0.0",
+        regions=["eu-west-1"],
+        shared=True,
+    )
+    own = deployment_create(
+        actor=principal(world.alice),
+        owner=world.tenant_a,
+        name="mine",
+        model=catalog,
+        version="1.0.0",
+        regions=["eu-west-1"],
+    )
+    until_ready(shared)
+    until_ready(own)
+    models = services.publish().body["tenants"][world.tenant_a.slug]["models"]
+    assert [e["shared"] for e in models["assistant"]["endpoints"]] == [True]
+    assert [e["shared"] for e in models["mine"]["endpoints"]] == [False]
