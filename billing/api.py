@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -31,7 +31,19 @@ class UsageSerializer(serializers.ModelSerializer):
         exclude = ["id"]
 
 
+USAGE_LIST_LIMIT = 100
+
+
 class UsageIngestView(PrincipalMixin):
+    @extend_schema(
+        parameters=[OpenApiParameter("client_request_id", str, description="the client's X-Request-ID")],
+        responses={200: UsageSerializer(many=True), **ERRORS},
+    )
+    def get(self, request: Request) -> Response:
+        """The newest 100 usage records the caller may see, optionally those sent with one X-Request-ID."""
+        found = selectors.usage_list(self.principal, request.query_params.get("client_request_id"))
+        return Response(UsageSerializer(found[:USAGE_LIST_LIMIT], many=True).data)
+
     @extend_schema(request=dict, responses={200: dict, **ERRORS})
     def post(self, request: Request) -> Response:
         """A gateway's batch ``{"records": [...]}``; re-sending a batch is safe (keyed by request id)."""

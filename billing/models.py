@@ -10,11 +10,15 @@ from billing.choices import PricingModel
 class UsageRecord(models.Model):
     """A request as the gateway saw it. ``request_id`` is unique, so a batch sent twice counts once.
 
+    ``request_id`` is minted by the gateway for every request; the client's own ``X-Request-ID`` is kept
+    apart as ``client_request_id``, meaningful only within its tenant (two tenants may send the same one).
+
     Region, deployment, version and artifact checksum are copied from the route the gateway used, so a
     request id traces to exactly what served it even after the deployment moves on.
     """
 
     request_id = models.CharField(max_length=64, unique=True)
+    client_request_id = models.CharField(max_length=128, blank=True, default="")
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.PROTECT, related_name="usage")
     model_name = models.CharField(max_length=100)
     region = models.CharField(max_length=41)
@@ -36,7 +40,11 @@ class UsageRecord(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
-        indexes = [models.Index(fields=["tenant", "started_at"]), models.Index(fields=["started_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "started_at"]),
+            models.Index(fields=["started_at"]),
+            models.Index(fields=["tenant", "client_request_id"], name="usage_tenant_client_id"),
+        ]
 
     def __str__(self) -> str:
         return self.request_id

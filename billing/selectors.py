@@ -11,8 +11,16 @@ def usage_for(principal: Principal) -> QuerySet[UsageRecord]:
     return scoped(UsageRecord.objects.select_related("tenant", "deployment"), principal, Scope.BILLING_READ)
 
 
+def usage_list(principal: Principal, client_request_id: str | None = None) -> QuerySet[UsageRecord]:
+    """The caller's records, newest first; a client's own X-Request-ID finds its tenants' requests only."""
+    found = usage_for(principal)
+    if client_request_id is not None:
+        found = found.filter(client_request_id=client_request_id)
+    return found
+
+
 def usage_get(principal: Principal, request_id: str) -> UsageRecord:
-    """A request traced to what served it; another tenant's request id is simply not found."""
+    """A request traced (by the gateway's id) to what served it; another tenant's is simply not found."""
     record = usage_for(principal).filter(request_id=request_id).first()
     if record is None:
         raise NotFound(f"No request {request_id!r} is visible to you.")

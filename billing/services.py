@@ -30,6 +30,7 @@ SYSTEM = Principal.system("billing", source=AuditSource.TASK)
 MAX_BATCH = 5000
 FIELDS = {
     "request_id",
+    "client_request_id",
     "tenant",
     "model_name",
     "region",
@@ -80,31 +81,80 @@ def _row(index: int, record: dict[str, Any], tenants: dict[str, int]) -> UsageRe
     unknown = set(record) - FIELDS
     if unknown:
         raise ValidationFailed(f"records[{index}] has unknown fields: {', '.join(sorted(unknown))}.")
-    tenant_id = tenants.get(record["tenant"])
-    started = parse_datetime(str(record["started_at"]))
-    if tenant_id is None or started is None:
-        raise ValidationFailed(f"records[{index}]: unknown tenant or unreadable started_at.")
     try:
-        return UsageRecord(
-            request_id=str(record["request_id"])[:64],
-            tenant_id=tenant_id,
-            model_name=str(record.get("model_name", ""))[:100],
-            region=str(record.get("region", ""))[:41],
-            deployment_id=int(record["deployment"]) if record.get("deployment") else None,
-            version=str(record.get("version", ""))[:200],
-            artifact_sha256=str(record.get("artifact_sha256", ""))[:64],
-            endpoint=str(record.get("endpoint", ""))[:500],
-            status=int(record.get("status", 0)),
-            prompt_tokens=max(0, int(record.get("prompt_tokens", 0))),
-            completion_tokens=max(0, int(record.get("completion_tokens", 0))),
-            latency_ms=float(record.get("latency_ms", 0)),
-            attempts=max(1, int(record.get("attempts", 1))),
-            stream=bool(record.get("stream", False)),
-            started_at=started,
-            hour=started.astimezone(UTC).replace(minute=0, second=0, microsecond=0),
-        )
-    except (TypeError, ValueError) as exc:
+        return _usage_record(record, tenants)
+    except (TypeError, ValueError, OverflowError) as exc:
         raise ValidationFailed(f"records[{index}]: {exc}") from exc
+
+
+def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecord:
+    """One record, every value checked against its column (a bad one raises ValueError, never a 500)."""
+    tenant_id = tenants.get(_text(record, "tenant", 50))
+    started = parse_datetime(_text(record, "started_at", 64))
+    if tenant_id is None or started is None:
+        raise ValueError("unknown tenant or unreadable started_at")
+    request_id = _text(record, "request_id", 64)
+    if not request_id:
+        raise ValueError("request_id must not be empty")
+    stream = record.get("stream", False)
+    if not isinstance(stream, bool):
+        raise ValueError("stream must be true or false")
+    status = _whole(record, "status", 0, 599)
+    if 0 < status < 100:
+        raise ValueError("status must be an HTTP status (100-599)")
+    return UsageRecord(
+        request_id=request_id,
+        client_request_id=_text(record, "client_request_id", 128),
+        tenant_id=tenant_id,
+        model_name=_text(record, "model_name", 100),
+        region=_text(record, "region", 41),
+        deployment_id=_whole(record, "deployment", 0, 2**63 - 1) or None,
+        version=_text(record, "version", 200),
+        artifact_sha256=_text(record, "artifact_sha256", 64),
+        endpoint=_text(record, "endpoint", 500),
+        status=status,
+        prompt_tokens=_whole(record, "prompt_tokens", 0, 2**31 - 1),
+        completion_tokens=_whole(record, "completion_tokens", 0, 2**31 - 1),
+        latency_ms=_milliseconds(record.get("latency_ms", 0)),
+        attempts=_whole(record, "attempts", 1, 32767, default=1),
+        stream=stream,
+        started_at=started,
+        hour=started.astimezone(UTC).replace(minute=0, second=0, microsecond=0),
+    )
+
+
+def _text(record: dict[str, Any], field: str, longest: int) -> str:
+    """A string column, cut to its length; NUL (which PostgreSQL refuses in text) is refused here."""
+    value = record.get(field)
+    if value is None:
+        return ""
+    if not isinstance(value, str | int):
+        raise ValueError(f"{field} must be a string")
+    text = str(value)
+    if "\x00" in text:
+        raise ValueError(f"{field} contains a NUL character")
+    return text[:longest]
+
+
+def _whole(record: dict[str, Any], field: str, low: int, high: int, default: int = 0) -> int:
+    value = record.get(field)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{field} must be a whole number")
+    number = int(value)
+    if not low <= number <= high:
+        raise ValueError(f"{field} must be between {low} and {high}")
+    return number
+
+
+def _milliseconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError("latency_ms must be a number")
+    number = float(value)
+    if not 0 <= number <= 86_400_000:  # also refuses NaN and infinity
+        raise ValueError("latency_ms must be between 0 and 86400000")
+    return number
 
 
 def price_set(

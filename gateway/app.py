@@ -3,8 +3,10 @@
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
+import secrets
 import time
 import uuid
 from datetime import UTC, datetime
@@ -14,11 +16,14 @@ import aiohttp
 
 from gateway.balancer import Ejections, candidates, pick
 from gateway.config import RouteCache, Settings
+from gateway.inbound import Refused, parse_payload, read_body
 from gateway.limits import Limits
+from gateway.streaming import EventFilter
 from gateway.usage import UsageShipper
 
 log = logging.getLogger("gateway")
 PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+METHODS = {"/v1/models": "GET", **dict.fromkeys(PROXIED, "POST")}  # every path the gateway answers
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -41,12 +46,14 @@ class Gateway:
         self.limits = Limits()
         self.ejections = Ejections(settings.ejection_seconds)
         self.usage = UsageShipper(settings)
+        self.fallback_salt_key = secrets.token_bytes(32)  # for a table without salts (an older control plane)
         self.session: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task[None]] = []
 
     # --- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.routes.load_from_disk()
+        self.usage.open()
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
             timeout=aiohttp.ClientTimeout(
@@ -67,6 +74,7 @@ class Gateway:
         if self.session is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
+            self.usage.close()
             await self.session.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -87,11 +95,24 @@ class Gateway:
     # --- requests --------------------------------------------------------------------------------------
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
-        reply = Reply(send, request_id)
+        # Our own id for every request: usage is keyed by it, so no header can merge or hide requests.
+        reply = Reply(send, uuid.uuid4().hex)
         path, method = scope["path"], scope["method"]
+        if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
+            return await reply.error(431, "The request headers are too large.", "headers_too_large")
         if path == "/healthz":
-            return await reply.json(200, {"status": "ok", "generation": self.routes.generation})
+            health = {"status": "ok", "generation": self.routes.generation, "usage": self.usage.stats()}
+            return await reply.json(200, health)
+        if path == "/metrics":
+            return await reply.text(200, _metrics(self.usage.stats()))
+        # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
+        allowed = METHODS.get(path)
+        if allowed is None:
+            return await reply.error(404, f"No route for {method} {path}.", "not_found")
+        if method != allowed:
+            return await reply.error(
+                405, f"{path} takes {allowed}, not {method}.", "method_not_allowed", {"allow": allowed}
+            )
         if not self.routes.body:
             return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
         tenant = self._authenticate(headers)
@@ -100,17 +121,15 @@ class Gateway:
                 401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
             )
         view = self.routes.view(tenant)
-        if path == "/v1/models" and method == "GET":
+        if path == "/v1/models":
             models = [{"id": name, "object": "model", "owned_by": tenant} for name in view["models"]]
             return await reply.json(200, {"object": "list", "data": models})
-        if path not in PROXIED or method != "POST":
-            return await reply.error(404, f"No route for {method} {path}.", "not_found")
-        body = await _read_body(receive)
         try:
-            payload = json.loads(body)
-            name = str(payload["model"])
-        except (ValueError, KeyError, TypeError):
-            return await reply.error(400, "The body must be JSON with a 'model' field.", "invalid_request")
+            body = await read_body(receive, headers, self.settings.max_body_bytes)
+            payload = parse_payload(body, self.settings.max_json_depth)
+        except Refused as bad:
+            return await reply.error(bad.status, bad.message, bad.code)
+        name = payload["model"]
         route = view["models"].get(name)
         if route is None:
             return await reply.error(
@@ -149,11 +168,12 @@ class Gateway:
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
+        asked_for_usage = payload.get("stream_options", {}).get("include_usage") is True
         if stream and path != "/v1/embeddings":
-            payload.setdefault("stream_options", {})["include_usage"] = (
-                True  # so the last event counts tokens
-            )
+            # So the last event counts tokens; that usage-only event reaches the client only if it asked.
+            payload.setdefault("stream_options", {})["include_usage"] = True
         affinity = headers.get("x-session-id") or payload.get("user")
+        client_salt = payload.get("cache_salt")
         started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
         last_error = ""
         for attempt in range(1, self.settings.max_attempts + 1):
@@ -163,8 +183,13 @@ class Gateway:
             endpoint = pick(tier, affinity)
             tried.add(endpoint["url"])
             payload["model"] = endpoint["served_model"]
+            salt = self._cache_salt(tenant, endpoint, path, client_salt)
+            if salt is None:
+                payload.pop("cache_salt", None)
+            else:
+                payload["cache_salt"] = salt
             try:
-                usage, status = await self._forward(reply, endpoint, path, payload, stream)
+                usage, status = await self._forward(reply, endpoint, path, payload, stream, asked_for_usage)
             except (TimeoutError, aiohttp.ClientConnectionError, Upstream5xx) as exc:
                 if reply.started:  # bytes already reached the client: nothing safe to retry
                     log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
@@ -177,6 +202,7 @@ class Gateway:
             self.usage.record(
                 {
                     "request_id": reply.request_id,
+                    "client_request_id": client_request_id(headers),
                     "tenant": tenant,
                     "model_name": name,
                     "region": endpoint["region"],
@@ -196,8 +222,28 @@ class Gateway:
             return
         await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
 
+    def _cache_salt(
+        self, tenant: str, endpoint: dict[str, Any], path: str, client_salt: str | None
+    ) -> str | None:
+        """vLLM's ``cache_salt`` for this request: on a shared deployment always the tenant's own (a client's
+        salt only subdivides it), so no tenant shares, or can time, another's cached prefixes."""
+        if not endpoint.get("shared") or path == "/v1/embeddings":
+            return client_salt  # the tenant's own engine (or no prefix cache): the client decides
+        salt = self.routes.body.get("cache_salts", {}).get(tenant)
+        if not salt:
+            salt = hmac.new(self.fallback_salt_key, tenant.encode(), hashlib.sha256).hexdigest()[:32]
+        if client_salt:
+            salt += "-" + hashlib.sha256(client_salt.encode()).hexdigest()[:32]
+        return salt
+
     async def _forward(
-        self, reply: "Reply", endpoint: dict[str, Any], path: str, payload: dict[str, Any], stream: bool
+        self,
+        reply: "Reply",
+        endpoint: dict[str, Any],
+        path: str,
+        payload: dict[str, Any],
+        stream: bool,
+        forward_usage_chunk: bool,
     ) -> tuple[dict[str, Any], int]:
         assert self.session is not None
         data = json.dumps(payload).encode()
@@ -215,12 +261,12 @@ class Gateway:
             content_type = upstream.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
-                tail = b""
+                events = EventFilter(forward_usage_chunk)
                 async for chunk in upstream.content.iter_any():
-                    await reply.chunk(chunk)
-                    tail = (tail + chunk)[-4096:]  # the usage event is the last one before [DONE]
-                await reply.chunk(b"", more=False)
-                return _usage_from_events(tail), upstream.status
+                    if data := events.feed(chunk):
+                        await reply.chunk(data)
+                await reply.chunk(events.flush(), more=False)
+                return events.usage, upstream.status
             body = await upstream.read()
             await reply.start(upstream.status, content_type, extra, length=len(body))
             await reply.chunk(body, more=False)
@@ -231,23 +277,20 @@ class Gateway:
             return usage, upstream.status
 
 
-def _usage_from_events(tail: bytes) -> dict[str, Any]:
-    for line in reversed(tail.split(b"\n")):
-        if line.startswith(b"data: {") and b'"usage"' in line:
-            try:
-                return json.loads(line[6:]).get("usage") or {}
-            except ValueError:
-                return {}
-    return {}
+def client_request_id(headers: dict[str, str]) -> str:
+    """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
+    raw = headers.get("x-request-id", "").strip()
+    return "".join(c for c in raw if " " <= c <= "~")[:128]
 
 
-async def _read_body(receive: Any) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
+def _metrics(usage: dict[str, int]) -> str:
+    """Prometheus text exposition of the usage spool (the gateway's only metrics so far)."""
+    lines = []
+    for name, value in usage.items():
+        kind = "gauge" if name in ("backlog", "spool_bytes") else "counter"
+        metric = f"gateway_usage_{name}" + ("_total" if kind == "counter" else "")
+        lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
+    return "\n".join(lines) + "\n"
 
 
 class Reply:
@@ -269,17 +312,21 @@ class Reply:
     async def chunk(self, data: bytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
 
-    async def json(self, status: int, body: dict[str, Any]) -> None:
+    async def json(self, status: int, body: dict[str, Any], extra: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
-        await self.start(status, "application/json", {}, length=len(data))
+        await self.start(status, "application/json", extra or {}, length=len(data))
         await self.chunk(data, more=False)
 
-    async def error(self, status: int, message: str, code: str) -> None:
+    async def text(self, status: int, body: str) -> None:
+        data = body.encode()
+        await self.start(status, "text/plain; version=0.0.4; charset=utf-8", {}, length=len(data))
+        await self.chunk(data, more=False)
+
+    async def error(self, status: int, message: str, code: str, extra: dict[str, str] | None = None) -> None:
         """OpenAI's error shape, which its client libraries parse and show."""
         kind = "invalid_request_error" if status < 500 else "service_unavailable"
-        await self.json(
-            status, {"error": {"message": message, "type": kind, "code": code, "request_id": self.request_id}}
-        )
+        error = {"message": message, "type": kind, "code": code, "request_id": self.request_id}
+        await self.json(status, {"error": error}, extra)
 
 
 app = Gateway(Settings.from_env())

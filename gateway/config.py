@@ -24,6 +24,16 @@ class Settings:
     connect_timeout_seconds: float = 2.0
     max_attempts: int = 3
     ejection_seconds: float = 30.0
+    max_body_bytes: int = 10 * 2**20  # a request body past this is refused (413) while it is read
+    max_json_depth: int = 64  # arrays and objects nested deeper are refused (400)
+    max_header_bytes: int = 64 * 2**10  # all request headers together; more is refused (431)
+    state_dir: Path | None = None  # the usage spool; the cache file's directory, else ./var/gateway
+    usage_interval_seconds: float = 1.0
+
+    def usage_dir(self) -> Path:
+        if self.state_dir is not None:
+            return self.state_dir
+        return self.cache_file.parent if self.cache_file else Path("var") / "gateway"
 
     @classmethod
     def from_env(cls) -> "Settings":
@@ -38,6 +48,11 @@ class Settings:
             cache_file=Path(cache) if cache else None,
             upstream_timeout_seconds=float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")),
             long_poll_seconds=int(os.environ.get("GATEWAY_LONG_POLL_SECONDS", "25")),
+            max_body_bytes=int(os.environ.get("GATEWAY_MAX_BODY_BYTES", str(10 * 2**20))),
+            max_json_depth=int(os.environ.get("GATEWAY_MAX_JSON_DEPTH", "64")),
+            max_header_bytes=int(os.environ.get("GATEWAY_MAX_HEADER_BYTES", str(64 * 2**10))),
+            state_dir=Path(os.environ["GATEWAY_STATE_DIR"]) if os.environ.get("GATEWAY_STATE_DIR") else None,
+            usage_interval_seconds=float(os.environ.get("GATEWAY_USAGE_INTERVAL_SECONDS", "1")),
         )
 
 

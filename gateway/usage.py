@@ -1,55 +1,284 @@
-"""Usage records, shipped to the control plane in batches; kept and re-sent until it accepts them.
+"""Usage records, spooled to disk and shipped to the control plane in order, until it accepts them.
 
-The control plane keys records by request id, so a batch sent twice (a timeout after it was stored)
-counts once.
+Usage is billing data, so a record is never dropped while disk remains:
+
+- ``record()`` appends one JSON line to the current spool segment (``usage-<slot>-<seq>.spool`` under the
+  gateway's state dir) and flushes it to the kernel, so a killed process loses nothing; the shipping loop
+  fsyncs about once a second (a power cut loses at most that second). If the disk refuses the write, the
+  line is kept in memory and written (or shipped) as soon as it can be.
+- The shipper reads the oldest segment from the offset it has reached (``usage-<slot>.offset``: segment
+  and byte), posts up to ``BATCH`` records, then advances the offset; a fully shipped segment that is no
+  longer written to is deleted. A restart replays from the offset, in order; a batch re-sent after a
+  crash counts once because the control plane deduplicates by the gateway's own request id.
+- A batch the control plane refuses (400/422) does not stall the queue: the refused record (the one the
+  error names, else each one found by sending them singly) goes to ``usage-<slot>.quarantine`` with the
+  reason, is counted, and the rest ship. Other failures (down, 5xx, 401) keep everything for a retry.
+- Each gateway process claims a slot with an exclusive ``flock``, so ``--workers N`` never share a file
+  and a restarted process takes over (and replays) the slot a dead one left.
 """
 
 import asyncio
+import fcntl
+import json
 import logging
-from collections import deque
-from typing import Any
+import os
+import re
+from pathlib import Path
+from typing import IO, Any
 
 import aiohttp
 
 from gateway.config import Settings
 
 log = logging.getLogger("gateway")
-MAX_BUFFERED = 100_000
 BATCH = 500
+SEGMENT_BYTES = 16 * 2**20  # a segment past this is closed and a new one started
+ROTATE_WHEN_CAUGHT_UP = 2**20  # a shipped segment this big is closed at once so its disk is freed
+REFUSED = (400, 422)
+_INDEX = re.compile(r"records\[(\d+)\]")
 
 
 class UsageShipper:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.pending: deque[dict[str, Any]] = deque(
-            maxlen=MAX_BUFFERED
-        )  # the oldest go first if it overflows
+        self.dir = settings.usage_dir()
+        self.memory: list[bytes] = []  # lines the disk refused, oldest first
+        self.counts = {"spooled": 0, "shipped": 0, "quarantined": 0, "write_errors": 0}
+        self.backlog = 0
+        self.lock: IO[str] | None = None
 
+    def open(self) -> None:
+        """Claim a slot and take over its spool (at startup, not at import: workers each claim one)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.slot, self.lock = _claim_slot(self.dir)
+        self.offset_path = self.dir / f"usage-{self.slot}.offset"
+        self.quarantine_path = self.dir / f"usage-{self.slot}.quarantine"
+        self.read_seq, self.read_at = self._load_offset()
+        segments = self._segments()
+        for seq in [s for s in segments if s < self.read_seq]:
+            self._segment(seq).unlink(missing_ok=True)  # shipped before a crash
+        if segments and self.read_seq not in segments:
+            self.read_seq, self.read_at = min(s for s in segments if s >= self.read_seq), 0
+        self.write_seq = max([*segments, self.read_seq]) + 1  # never append after a torn line
+        if not segments:
+            self.read_seq, self.read_at = self.write_seq, 0
+        self.writer: IO[bytes] = self._segment(self.write_seq).open("ab")
+        self.backlog += sum(self._unshipped_lines(seq) for seq in segments if seq >= self.read_seq)
+        self._write_memory()  # anything recorded before the spool was open
+
+    # --- writing ---------------------------------------------------------------------------------------
     def record(self, usage: dict[str, Any]) -> None:
-        self.pending.append(usage)
+        self.memory.append(json.dumps(usage, separators=(",", ":")).encode() + b"\n")
+        self.counts["spooled"] += 1
+        self.backlog += 1
+        self._write_memory()
 
+    def _write_memory(self) -> None:
+        if not self.memory or self.lock is None:
+            return
+        try:
+            if self.writer.tell() > SEGMENT_BYTES:
+                self._rotate()
+            self.writer.write(b"".join(self.memory))
+            self.writer.flush()
+        except OSError as exc:  # disk full or gone: keep the lines in memory, never drop them
+            self.counts["write_errors"] += 1
+            log.error("usage spool write failed (%s records in memory): %s", len(self.memory), exc)
+            return
+        self.memory.clear()
+
+    def _rotate(self) -> None:
+        self.writer.close()
+        self.write_seq += 1
+        self.writer = self._segment(self.write_seq).open("ab")
+
+    def sync(self) -> None:
+        """fsync what was written: what a power cut (not a mere crash) would otherwise lose."""
+        if self.lock is None:
+            return
+        self._write_memory()
+        try:
+            os.fsync(self.writer.fileno())
+        except OSError as exc:
+            log.error("usage spool fsync failed: %s", exc)
+
+    # --- shipping --------------------------------------------------------------------------------------
     async def ship_once(self, session: aiohttp.ClientSession) -> int:
-        batch = [self.pending[i] for i in range(min(BATCH, len(self.pending)))]
-        if not batch:
+        """Ship the next batch in order; the number of records it took off the spool."""
+        if self.lock is None:
             return 0
+        self._write_memory()
+        while True:
+            lines, end = self._read_batch()
+            if lines:
+                await self._deliver(session, lines)
+            if end != self.read_at:
+                self.read_at = end
+                self._save_offset()
+            moved_on = self._advance_segment()
+            if lines:
+                return self._shipped(len(lines))
+            if not moved_on:  # an empty or finished segment: try the next one at once
+                break
+        if self.memory:  # the disk refuses writes: ship straight from memory, after everything on disk
+            taken = self.memory[:BATCH]
+            await self._deliver(session, taken)
+            del self.memory[: len(taken)]
+            return self._shipped(len(taken))
+        return 0
+
+    def _shipped(self, count: int) -> int:
+        self.backlog -= count
+        return count
+
+    async def _deliver(self, session: aiohttp.ClientSession, lines: list[bytes]) -> None:
+        """Post the records; refused ones are quarantined, anything else unexpected raises (retry)."""
+        records: list[Any] = []
+        for line in lines:
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                self._quarantine(line.decode("utf-8", "replace").rstrip("\n"), "unreadable spool line")
+        while records:
+            status, reason = await self._post(session, records)
+            if status not in REFUSED:
+                return
+            index = _refused_index(reason, len(records))
+            if index is None:
+                return await self._deliver_singly(session, records)
+            self._quarantine(records.pop(index), reason)
+
+    async def _deliver_singly(self, session: aiohttp.ClientSession, records: list[Any]) -> None:
+        for record in records:
+            status, reason = await self._post(session, [record])
+            if status in REFUSED:
+                self._quarantine(record, reason)
+
+    async def _post(self, session: aiohttp.ClientSession, records: list[Any]) -> tuple[int, str]:
         async with session.post(
             f"{self.settings.control_plane}/api/v1/usage/",
-            json={"records": batch},
+            json={"records": records},
             headers={"Authorization": f"Bearer {self.settings.token}"},
             timeout=aiohttp.ClientTimeout(total=15),
         ) as reply:
+            if reply.status in REFUSED:
+                return reply.status, (await reply.text())[:2000]
             reply.raise_for_status()
-        for _ in batch:
-            self.pending.popleft()
-        return len(batch)
+            return reply.status, ""
 
-    async def ship_forever(self, session: aiohttp.ClientSession, interval: float = 1.0) -> None:
+    def _quarantine(self, record: Any, reason: str) -> None:
+        entry = json.dumps({"record": record, "reason": reason}) + "\n"
+        with self.quarantine_path.open("a") as out:
+            out.write(entry)
+            out.flush()
+            os.fsync(out.fileno())
+        self.counts["quarantined"] += 1
+        log.error("usage record quarantined in %s: %s", self.quarantine_path, reason[:200])
+
+    async def ship_forever(self, session: aiohttp.ClientSession) -> None:
         while True:
             try:
+                self.sync()
                 while await self.ship_once(session) == BATCH:
                     pass
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the control plane is down: keep the records
-                log.warning("usage shipping failed (%s records kept): %s", len(self.pending), exc)
-            await asyncio.sleep(interval)
+            except Exception as exc:  # the control plane is down: the records stay spooled
+                log.warning("usage shipping failed (%s records spooled): %s", self.backlog, exc)
+            await asyncio.sleep(self.settings.usage_interval_seconds)
+
+    # --- the spool on disk -----------------------------------------------------------------------------
+    def _segment(self, seq: int) -> Path:
+        return self.dir / f"usage-{self.slot}-{seq}.spool"
+
+    def _segments(self) -> list[int]:
+        prefix = f"usage-{self.slot}-"
+        found = [p.name[len(prefix) : -len(".spool")] for p in self.dir.glob(f"{prefix}*.spool")]
+        return sorted(int(seq) for seq in found if seq.isdigit())
+
+    def _read_batch(self) -> tuple[list[bytes], int]:
+        """Up to BATCH whole lines from the read position, and the byte after the last one."""
+        path = self._segment(self.read_seq)
+        if not path.exists():
+            return [], self.read_at
+        lines: list[bytes] = []
+        at = self.read_at
+        with path.open("rb") as spool:
+            spool.seek(at)
+            while len(lines) < BATCH:
+                line = spool.readline()
+                if not line.endswith(b"\n"):
+                    if line and self.read_seq != self.write_seq:  # torn by a crash, never completed
+                        self._quarantine(line.decode("utf-8", "replace"), "torn spool line")
+                        at += len(line)
+                    break
+                lines.append(line)
+                at += len(line)
+        return lines, at
+
+    def _advance_segment(self) -> bool:
+        """Past the end of a closed segment: delete it and read the next one (True when it did)."""
+        size = self._segment(self.read_seq).stat().st_size if self._segment(self.read_seq).exists() else 0
+        if self.read_at < size:
+            return False
+        if self.read_seq == self.write_seq:
+            if size < ROTATE_WHEN_CAUGHT_UP or self.memory:
+                return False
+            self._rotate()
+        self._segment(self.read_seq).unlink(missing_ok=True)
+        self.read_seq, self.read_at = self.read_seq + 1, 0
+        self._save_offset()
+        return True
+
+    def _unshipped_lines(self, seq: int) -> int:
+        with self._segment(seq).open("rb") as spool:
+            if seq == self.read_seq:
+                spool.seek(self.read_at)
+            return spool.read().count(b"\n")
+
+    def _load_offset(self) -> tuple[int, int]:
+        try:
+            seq, at = self.offset_path.read_text().split()
+            return int(seq), int(at)
+        except (OSError, ValueError):
+            return 0, 0
+
+    def _save_offset(self) -> None:
+        partial = self.offset_path.with_suffix(".partial")
+        partial.write_text(f"{self.read_seq} {self.read_at}\n")
+        partial.replace(self.offset_path)  # atomic: a crash leaves the old offset or the new one
+
+    def stats(self) -> dict[str, int]:
+        """What /healthz and /metrics report: records waiting, and counters since the process started."""
+        if self.lock is None:
+            return {"backlog": self.backlog, "spool_bytes": 0, **self.counts}
+        spool_bytes = sum(self._segment(s).stat().st_size for s in self._segments()) - self.read_at
+        return {"backlog": self.backlog, "spool_bytes": max(0, spool_bytes), **self.counts}
+
+    def close(self) -> None:
+        if self.lock is None:
+            return
+        self.sync()
+        self.writer.close()
+        self.lock.close()
+        self.lock = None
+
+
+def _claim_slot(directory: Path) -> tuple[int, IO[str]]:
+    """The first slot no live process holds (the lock goes with the process, however it ends)."""
+    slot = 0
+    while True:
+        lock = (directory / f"usage-{slot}.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, lock
+        except BlockingIOError:
+            lock.close()
+            slot += 1
+
+
+def _refused_index(reason: str, size: int) -> int | None:
+    """Which record the control plane named in its refusal ("records[3]: ..."), if it did."""
+    found = _INDEX.search(reason)
+    index = int(found.group(1)) if found else None
+    return index if index is not None and index < size else None

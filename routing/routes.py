@@ -53,6 +53,7 @@ class Placement:
     location: tuple[float, float] | None = None  # latitude, longitude
     gpu_hour_price: Decimal | None = None
     owner: Residency | None = None  # the version's owning tenant; None for a platform catalog version
+    shared: bool = False  # a platform deployment serving every tenant: gateways salt its prefix cache
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, ob
             "version": placement.version,
             "served_model": placement.served_model,
             "artifact_sha256": placement.artifact_sha256,
+            "shared": placement.shared,
         }
         for tier, placement in enumerate(eligible)
         for endpoint in placement.endpoints

@@ -9,6 +9,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from billing.reports import prices_now
 from controlplane.choices import AuditSource, Scope, TenantStatus
@@ -103,6 +104,7 @@ def placements() -> list[Placement]:
                 owner=weights_of(version).owner,
                 location=_location(region),
                 gpu_hour_price=price_of(region, deployment.gpu_type),
+                shared=deployment.shared,
             )
             for caller in callers
         ]
@@ -141,6 +143,18 @@ def credentials() -> dict[str, dict[str, Any]]:
     return found
 
 
+def cache_salts() -> dict[str, str]:
+    """Each tenant's vLLM ``cache_salt`` on shared deployments, for gateways only (like the digests).
+
+    An HMAC of the tenant under the control plane's secret key: stable (every gateway sends the same, so
+    the tenant's own prefixes stay cached), and no tenant can compute another's.
+    """
+    slugs = Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True)
+    return {
+        slug: salted_hmac("routing.cache_salt", slug, algorithm="sha256").hexdigest()[:32] for slug in slugs
+    }
+
+
 def _principal_of(token: ApiToken) -> Principal | None:
     if token.user is not None:
         return (
@@ -165,7 +179,11 @@ def current() -> RouteTable | None:
 
 def publish() -> RouteTable:
     """Compute the table; write a new generation only if it changed, recording failovers and failbacks."""
-    body = {"tenants": route_table(policies(), placements()), "credentials": credentials()}
+    body: dict[str, Any] = {
+        "tenants": route_table(policies(), placements()),
+        "credentials": credentials(),
+        "cache_salts": cache_salts(),
+    }
     etag = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     latest = current()
     if latest is not None and latest.etag == etag:
