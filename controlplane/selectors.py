@@ -4,6 +4,7 @@ Objects outside that set are simply absent (the API answers 404), so a tenant ca
 another tenant's object exists.
 """
 
+from datetime import datetime
 from typing import TypeVar
 
 from django.db.models import Model, Q, QuerySet
@@ -81,8 +82,20 @@ def tokens_for(principal: Principal) -> QuerySet[ApiToken]:
     if principal.may(Scope.USERS_WRITE):
         return queryset
     own = Q(user_id=principal.user.pk) if principal.user is not None else Q(pk__in=[])
-    managed = Q(service_account__tenant_id__in=principal.tenant_ids_with(Scope.TOKENS_WRITE))
+    # The same rule as services.tokens.may_manage_token: tokens:write held platform-wide (an operator)
+    # manages every tenant robot's tokens, not only those of tenants the caller is a member of.
+    if principal.sees_all(Scope.TOKENS_WRITE):
+        managed = Q(service_account__tenant__isnull=False)
+    else:
+        managed = Q(service_account__tenant_id__in=principal.tenant_ids_with(Scope.TOKENS_WRITE))
     return queryset.filter(own | managed)
+
+
+def tokens_active(principal: Principal, *, now: datetime) -> QuerySet[ApiToken]:
+    """The visible tokens that would authenticate at ``now``: not revoked, not expired, owner active."""
+    live_owner = Q(user__is_active=True) | Q(service_account__is_active=True)
+    unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    return tokens_for(principal).filter(live_owner, unexpired, revoked_at__isnull=True)
 
 
 def token_get(principal: Principal, pk: int) -> ApiToken:
