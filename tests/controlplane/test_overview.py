@@ -7,12 +7,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.core.management import call_command
 
 from billing.models import BudgetAlert, CapacitySegment, GpuPrice, UsageRecord
 from billing.selectors import spend_to_date, usage_rates
 from controlplane import views
 from controlplane.choices import Scope
-from controlplane.models import ApiToken
+from controlplane.models import ApiToken, AuditEvent, User
 from controlplane.selectors import tokens_active, tokens_for
 from controlplane.services.tokens import may_manage_token, token_create, token_revoke
 from regions.choices import TargetStatus
@@ -22,7 +23,7 @@ from regions.services.deployments import deployment_create
 from routing.choices import RoutingEventKind
 from routing.models import EndpointHealth, RoutingEvent
 from routing.selectors import region_health
-from tests.conftest import World, principal, system
+from tests.conftest import World, principal, system, wait_for
 from tests.factories import ServiceAccountFactory, UserFactory
 from tests.regions.conftest import make_region, tiny_model_dir, tiny_version  # noqa: F401  (fixtures)
 
@@ -74,7 +75,7 @@ def _capacity(deployment: Deployment, region: Region, since: datetime, price: st
 
 
 @pytest.fixture
-def fleet(world: World, make_region, tiny_model_dir, monkeypatch) -> Fleet:  # type: ignore[no-untyped-def]
+def fleet(world: World, make_region, tiny_model_dir, monkeypatch) -> Fleet:  # type: ignore[no-untyped-def]  # noqa: F811
     monkeypatch.setattr(views, "clock", lambda: NOW)
     eu, us = make_region("eu-west-1", "EU"), make_region("us-east-1", "US")
     version = tiny_version(principal(world.operator), tiny_model_dir)
@@ -236,3 +237,56 @@ def test_the_token_list_and_the_revoke_rule_agree(world):
         listed = set(tokens_for(p).values_list("pk", flat=True))
         allowed = {t.pk for t in ApiToken.objects.all() if may_manage_token(p, t)}
         assert listed == allowed, user.username
+
+
+def test_seed_demo_leaves_a_deployment_and_some_usage_and_is_idempotent(db, settings, tmp_path, client):
+    """A newcomer used to land on an empty fleet: no deployment, no usage, nothing on Costs or Routing."""
+    settings.VAR_DIR = tmp_path
+    call_command("seed_demo")
+    chat = Deployment.objects.get(owner__slug="acme-eu", name="chat")
+    assert [t.region.code for t in chat.targets.all()] == ["eu-west-1"]
+    assert chat.model.ref == "platform/tiny-llama" and chat.version.version == "1.0.0"
+    usage = UsageRecord.objects.filter(tenant__slug="acme-eu", deployment=chat)
+    seeded = usage.count()
+    assert seeded > 0 and usage.filter(region="eu-west-1", status=200).count() == seeded
+    events = AuditEvent.objects.count()
+
+    call_command("seed_demo")  # safe to run again: nothing is added twice
+    assert Deployment.objects.filter(owner__slug="acme-eu").count() == 1
+    assert usage.count() == seeded and AuditEvent.objects.count() == events
+
+    client.force_login(User.objects.get(username="eu-admin"))
+    html = client.get("/deployments/").content.decode()
+    assert "chat" in html and "eu-west-1" in html
+
+
+@pytest.mark.slow
+def test_seeded_deployment_becomes_ready_on_the_simulator(transactional_db, settings, tmp_path, client):
+    """Without vLLM (engine "auto" falls back to the simulator) the seeded chat converges to ready."""
+    from pathlib import Path
+
+    from regions.drivers.factory import driver_for
+    from tests.regions.conftest import converge
+
+    settings.VAR_DIR = tmp_path
+    call_command("seed_demo")
+    region = Region.objects.get(code="eu-west-1")
+    Region.objects.filter(pk=region.pk).update(
+        driver_config={"engine": "simulator", "state_dir": str(tmp_path / "eu-west-1")}
+    )
+    chat = Deployment.objects.get(owner__slug="acme-eu", name="chat")
+    try:
+
+        def ready() -> bool:
+            converge(chat)
+            return chat.targets.get().status == TargetStatus.READY
+
+        wait_for(ready, timeout=90, interval=1.0)
+        client.force_login(User.objects.get(username="eu-admin"))
+        html = client.get("/").content.decode()
+        assert 'data-stat="deployments"><span class="num">1<' in html
+    finally:
+        root = Path(tmp_path / "eu-west-1")
+        region.refresh_from_db()
+        for workload in root.glob("*") if root.exists() else []:
+            driver_for(region).delete(workload.name)
