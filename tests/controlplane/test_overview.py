@@ -265,15 +265,14 @@ def test_seeded_deployment_becomes_ready_on_the_simulator(transactional_db, sett
     """Without vLLM (engine "auto" falls back to the simulator) the seeded chat converges to ready."""
     from pathlib import Path
 
-    from regions.drivers.factory import driver_for
+    from regions.drivers.factory import default_state_dir, driver_for
+    from regions.drivers.process import ProcessConfig
     from tests.regions.conftest import converge
 
     settings.VAR_DIR = tmp_path
-    call_command("seed_demo")
+    call_command("seed_demo", "--engine", "simulator")  # what "auto" resolves to without vLLM installed
     region = Region.objects.get(code="eu-west-1")
-    Region.objects.filter(pk=region.pk).update(
-        driver_config={"engine": "simulator", "state_dir": str(tmp_path / "eu-west-1")}
-    )
+    assert region.driver_config["engine"] == "simulator"
     chat = Deployment.objects.get(owner__slug="acme-eu", name="chat")
     try:
 
@@ -286,7 +285,6 @@ def test_seeded_deployment_becomes_ready_on_the_simulator(transactional_db, sett
         html = client.get("/").content.decode()
         assert 'data-stat="deployments"><span class="num">1<' in html
     finally:
-        root = Path(tmp_path / "eu-west-1")
-        region.refresh_from_db()
+        root = Path(ProcessConfig.parse(dict(region.driver_config), default_state_dir("eu-west-1")).state_dir)
         for workload in root.glob("*") if root.exists() else []:
             driver_for(region).delete(workload.name)

@@ -1,12 +1,13 @@
 """A demo world: an EU tenant and a US tenant, each with an admin, plus platform staff. Safe to re-run."""
 
 import hashlib
+import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
@@ -97,14 +98,15 @@ REGIONS: list[dict[str, Any]] = [
 DEMO_PRICES = {"eu-west-1": Decimal("0.85"), "eu-central-1": Decimal("0.92"), "us-east-1": Decimal("0.80")}
 
 
-def seed_regions(actor: Principal) -> None:
-    """Local process-driver regions: real vLLM engines when the engine extra is installed, else simulated."""
+def seed_regions(actor: Principal, engine: str = "auto") -> None:
+    """Local process-driver regions: with engine "auto", real vLLM engines when the engine extra is
+    installed, else simulated. Existing regions keep the engine they were created with."""
     for spec in REGIONS:
         if not Region.objects.filter(code=spec["code"]).exists():
             region_create(
                 actor=actor,
                 driver="process",
-                driver_config={"engine": "auto"},
+                driver_config={"engine": engine},
                 gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": 4}],
                 **spec,
             )
@@ -262,6 +264,14 @@ class Command(BaseCommand):
     help = "Seed the demo tenants, users, regions and catalog model (idempotent)."
 
     @transaction.atomic
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--engine",
+            choices=["auto", "simulator", "vllm"],
+            default=os.environ.get("DEMO_ENGINE", "auto"),
+            help="Engine of the demo regions (default: $DEMO_ENGINE, else auto: vLLM when installed)",
+        )
+
     def handle(self, *args: Any, **opts: Any) -> None:
         actor = Principal.system("seed_demo", source=AuditSource.COMMAND)
         for spec in TENANTS:
@@ -280,7 +290,7 @@ class Command(BaseCommand):
             if membership and not user.memberships.filter(tenant__slug=membership[0]).exists():
                 tenant = Tenant.objects.get(slug=membership[0])
                 membership_set(actor=actor, tenant=tenant, user=user, role=membership[1])
-        seed_regions(actor)
+        seed_regions(actor, opts["engine"])
         seed_catalog(actor)
         seed_deployments(actor)
         seed_tokens(actor)
