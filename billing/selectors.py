@@ -1,5 +1,11 @@
-from django.db.models import QuerySet
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
+from django.conf import settings
+from django.db.models import Count, QuerySet, Sum
+
+from billing import reports
 from billing.models import BudgetAlert, UsageRecord
 from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
@@ -42,3 +48,28 @@ def require_cost_reader(principal: Principal) -> None:
 
 def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
     return scoped(BudgetAlert.objects.select_related("tenant"), principal, Scope.BILLING_READ)
+
+
+def usage_rates(principal: Principal, *, now: datetime, window: timedelta) -> dict[str, float]:
+    """Requests and tokens per second over the ``window`` before ``now``, of the usage the caller sees."""
+    found = usage_for(principal).filter(started_at__gte=now - window, started_at__lt=now)
+    totals = found.aggregate(
+        requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
+    )
+    seconds = window.total_seconds()
+    tokens = (totals["prompt"] or 0) + (totals["completion"] or 0)
+    return {"requests_per_second": totals["requests"] / seconds, "tokens_per_second": tokens / seconds}
+
+
+def spend_to_date(principal: Principal, *, now: datetime) -> dict[str, Any]:
+    """Cost today and month to date, from the same report the costs page shows (idle capacity included
+    for operators; a tenant member's own tenants only)."""
+    tenants = cost_tenants(principal)
+    start, _ = reports.month_bounds(now.strftime("%Y-%m"))
+    days = reports.summarize(reports.build(start, now), ["day"], tenants)
+    today = now.date().isoformat()
+    return {
+        "today": sum((row["cost"] for row in days if row["day"] == today), Decimal(0)),
+        "month": sum((row["cost"] for row in days), Decimal(0)),
+        "currency": settings.BILLING_CURRENCY,
+    }

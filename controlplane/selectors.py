@@ -4,6 +4,7 @@ Objects outside that set are simply absent (the API answers 404), so a tenant ca
 another tenant's object exists.
 """
 
+from datetime import datetime
 from typing import TypeVar
 
 from django.db.models import Model, Q, QuerySet
@@ -138,6 +139,13 @@ def tokens_for(principal: Principal) -> QuerySet[ApiToken]:
     if managed is None:  # tokens:write platform-wide: every tenant robot's tokens
         managed = Q(service_account__tenant__isnull=False)
     return queryset.filter(own | managed)
+
+
+def tokens_active(principal: Principal, *, now: datetime) -> QuerySet[ApiToken]:
+    """The visible tokens that would authenticate at ``now``: not revoked, not expired, owner active."""
+    live_owner = Q(user__is_active=True) | Q(service_account__is_active=True)
+    unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    return tokens_for(principal).filter(live_owner, unexpired, revoked_at__isnull=True)
 
 
 def token_get(principal: Principal, pk: int) -> ApiToken:

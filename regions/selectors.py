@@ -4,6 +4,8 @@ Regions are shared infrastructure: anyone with ``deployments:read`` somewhere se
 know where they may deploy); their driver configuration is shown to operators only.
 """
 
+from typing import Any
+
 from django.db.models import Q, QuerySet, Sum
 
 from controlplane.choices import Scope
@@ -64,3 +66,62 @@ def _gpu_sum(targets: QuerySet[DeploymentTarget]) -> int:
 
     total = targets.aggregate(gpus=Sum(F("desired_replicas") * F("deployment__gpu_count")))["gpus"]
     return int(total or 0)
+
+
+# What one deployment looks like across its regions, worst first: one failed region makes it failed.
+ROLLUP = (
+    (TargetStatus.FAILED, "failed"),
+    (TargetStatus.DEGRADED, "degraded"),
+    (TargetStatus.PENDING, "starting"),
+    (TargetStatus.WAITING, "starting"),
+    (TargetStatus.PROVISIONING, "starting"),
+    (TargetStatus.READY, "ready"),
+    (TargetStatus.PAUSED, "paused"),
+)
+ROLLUP_STATES = ("ready", "degraded", "failed", "starting", "paused")
+
+
+def deployment_states(principal: Principal) -> dict[str, int]:
+    """How many visible active deployments are ready, degraded, failed, starting or paused."""
+    statuses: dict[int, set[str]] = {}
+    targets = DeploymentTarget.objects.filter(LIVE_TARGETS, deployment__in=deployments_for(principal))
+    for deployment_id, status in targets.values_list("deployment_id", "status"):
+        statuses.setdefault(deployment_id, set()).add(status)
+    counts = dict.fromkeys(ROLLUP_STATES, 0)
+    for found in statuses.values():
+        counts[next((state for status, state in ROLLUP if status in found), "starting")] += 1
+    return counts
+
+
+def troubled_targets(principal: Principal) -> QuerySet[DeploymentTarget]:
+    """Visible deployments' regions that are failed or degraded, newest trouble first (the alerts)."""
+    return (
+        DeploymentTarget.objects.filter(LIVE_TARGETS, deployment__in=deployments_for(principal))
+        .filter(status__in=[TargetStatus.FAILED, TargetStatus.DEGRADED])
+        .select_related("deployment__owner", "region")
+        .order_by("-last_transition_at")
+    )
+
+
+def fleet_capacity(principal: Principal) -> list[dict[str, Any]]:
+    """GPUs per region and pool. Operators see the pool's use by everyone and what is free; a tenant
+    member sees the pool's size and only their own tenants' GPUs in it (others' use is not theirs)."""
+    mine = None if principal.sees_all(Scope.DEPLOYMENTS_READ) else deployments_for(principal)
+    rows = []
+    for region in regions_for(principal):
+        for pool in region.gpu_pools.all():
+            targets = DeploymentTarget.objects.filter(
+                LIVE_TARGETS, region=region, deployment__gpu_type=pool.gpu_type
+            )
+            used = _gpu_sum(targets if mine is None else targets.filter(deployment__in=mine))
+            free = max(pool.gpu_count - used, 0) if mine is None else None
+            rows.append(
+                {
+                    "region": region,
+                    "gpu_type": pool.gpu_type,
+                    "total": pool.gpu_count,
+                    "used": used,
+                    "free": free,
+                }
+            )
+    return rows

@@ -9,9 +9,11 @@ from django.db.models import QuerySet
 from controlplane.choices import Scope
 from controlplane.principal import Principal
 from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
-from regions.models import DeploymentTarget
+from regions.choices import RegionStatus
+from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
 from routing import services
+from routing.choices import Health, RoutingEventKind
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import route_table
 
@@ -80,3 +82,38 @@ def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
                 }
             )
     return impact
+
+
+SERVICE_EVENTS = (
+    RoutingEventKind.FAILOVER,
+    RoutingEventKind.FAILBACK,
+    RoutingEventKind.UNAVAILABLE,
+    RoutingEventKind.RESTORED,
+)
+
+
+def service_events(principal: Principal) -> QuerySet[RoutingEvent]:
+    """Failovers, failbacks and outages the caller may see, newest first (the overview's timeline)."""
+    return routing_events(principal).filter(kind__in=SERVICE_EVENTS)
+
+
+def region_health(principal: Principal) -> dict[str, dict[str, Any]]:
+    """Per region code: the prober's healthy and unhealthy endpoints (the caller's own, for a tenant
+    member) and one word for the region: the operator's status if not active, else healthy/degraded."""
+    counts: dict[str, dict[str, Any]] = {}
+    for code, state in endpoint_health(principal).values_list("region__code", "state"):
+        found = counts.setdefault(code, {Health.HEALTHY: 0, Health.UNHEALTHY: 0})
+        found[state] += 1
+    health = {}
+    for region in Region.objects.all():
+        found = counts.get(region.code, {Health.HEALTHY: 0, Health.UNHEALTHY: 0})
+        if region.status != RegionStatus.ACTIVE:
+            word = region.status
+        else:
+            word = "degraded" if found[Health.UNHEALTHY] else "healthy"
+        health[region.code] = {
+            "state": word,
+            "healthy": found[Health.HEALTHY],
+            "unhealthy": found[Health.UNHEALTHY],
+        }
+    return health

@@ -2,8 +2,9 @@
 # Register a model version, post its evaluation, and promote it, from any CI system. Needs bash and curl.
 #
 #   CONTROLPLANE_URL   e.g. https://cp.example.com
-#   CONTROLPLANE_TOKEN a robot token with registry:read, registry:write, registry:promote
-#   MODEL              owner/name, e.g. acme/llama-3-8b (owner "platform" for catalog models)
+#   CONTROLPLANE_TOKEN a robot token with tenants:read, registry:read, registry:write, registry:promote
+#   MODEL              owner/name, e.g. acme-eu/llama-3-8b (owner "platform" for catalog models)
+#   MODEL_FILE         optional: JSON body of the model (see docs/ci/model.json), created if MODEL is missing
 #   VERSION_FILE       JSON body of the version (see docs/registry.md), including "version"
 #   REPORT_FILE        JSON body of the validation report: {"metrics": {...}, "performance": {...}, "hardware": {...}}
 #   PROMOTE_TO         last state to reach: validated, staged, canary (default) or production
@@ -20,11 +21,12 @@ VERSION=$(grep -o '"version"[[:space:]]*:[[:space:]]*"[^"]*"' "$VERSION_FILE" | 
 
 call() {  # call METHOD PATH STEP [BODY-FILE|JSON]: prints the body, fails with the error envelope on 4xx/5xx
   local method=$1 path=$2 step=$3 body=${4:-}
+  [ "${path:0:1}" = / ] && path="${API}${path}"
   local args=(-sS --fail-with-body -X "$method" -H "Authorization: Bearer ${CONTROLPLANE_TOKEN}"
               -H "Content-Type: application/json" -H "Idempotency-Key: ci-${MODEL}-${VERSION}-${step}")
   if [ -f "$body" ]; then args+=(--data-binary "@${body}"); elif [ -n "$body" ]; then args+=(--data "$body"); fi
   local out
-  if ! out=$(curl "${args[@]}" "${API}${path}"); then
+  if ! out=$(curl "${args[@]}" "${path}"); then
     printf '%s\nstep %s failed\n' "$out" "$step" >&2
     exit 1
   fi
@@ -33,8 +35,18 @@ call() {  # call METHOD PATH STEP [BODY-FILE|JSON]: prints the body, fails with 
 
 status() { grep -o '"status"[[:space:]]*:[[:space:]]*"[^"]*"' | head -n1 | sed 's/.*"\([^"]*\)"$/\1/'; }
 
+if [ -n "${MODEL_FILE:-}" ]; then  # create the model on the first run; later runs find it
+  found=$(curl -sS -o /dev/null -w '%{http_code}' -H "Authorization: Bearer ${CONTROLPLANE_TOKEN}" "${API}/")
+  if [ "$found" = 404 ]; then
+    call POST "${CONTROLPLANE_URL%/}/api/v1/models/" model "$MODEL_FILE" >/dev/null
+    echo "created model ${MODEL}"
+  fi
+fi
+
 echo "registering ${MODEL}@${VERSION}"
-current=$(call POST /versions/ register "$VERSION_FILE" | status)
+call POST /versions/ register "$VERSION_FILE" >/dev/null
+# The registration's reply can be an idempotent replay of the first run's (draft): ask for the real status.
+current=$(call GET "/versions/${VERSION}/" read | status)
 echo "  status: ${current}"
 
 if [ "$current" = draft ]; then

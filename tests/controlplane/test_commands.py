@@ -80,7 +80,8 @@ def free_port() -> int:
 def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactional_db, tmp_path):
     # Seeded by a child process so passwords use the production hasher, not the suite's fast one.
     subprocess.run(
-        [sys.executable, "manage.py", "seed_demo"],
+        # The simulator: the seeded acme-eu/chat deployment must not start a real vLLM engine here.
+        [sys.executable, "manage.py", "seed_demo", "--engine", "simulator"],
         cwd=ROOT,
         env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path)),
         check=True,

@@ -1,24 +1,28 @@
 """A demo world: an EU tenant and a US tenant, each with an admin, plus platform staff. Safe to re-run."""
 
 import hashlib
-from datetime import UTC, datetime
+import os
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.utils import timezone
 
 from billing.models import GpuPrice
-from billing.services import price_set
+from billing.services import price_set, usage_ingest
 from controlplane.choices import AuditSource, PlatformRole, Scope, TenantRole
 from controlplane.models import ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.tenants import membership_set, service_account_create, tenant_create
 from controlplane.services.tokens import TokenRejected, token_authenticate, token_create
 from controlplane.services.users import user_create
+from regions.choices import DeploymentState
 from regions.engines.tiny_model import write_tiny_model
-from regions.models import Region
+from regions.models import Deployment, Region
+from regions.services.deployments import deployment_create
 from regions.services.regions import region_create
 from registry.models import RegisteredModel
 from registry.services.lifecycle import version_transition
@@ -94,14 +98,15 @@ REGIONS: list[dict[str, Any]] = [
 DEMO_PRICES = {"eu-west-1": Decimal("0.85"), "eu-central-1": Decimal("0.92"), "us-east-1": Decimal("0.80")}
 
 
-def seed_regions(actor: Principal) -> None:
-    """Local process-driver regions: real vLLM engines when the engine extra is installed, else simulated."""
+def seed_regions(actor: Principal, engine: str = "auto") -> None:
+    """Local process-driver regions: with engine "auto", real vLLM engines when the engine extra is
+    installed, else simulated. Existing regions keep the engine they were created with."""
     for spec in REGIONS:
         if not Region.objects.filter(code=spec["code"]).exists():
             region_create(
                 actor=actor,
                 driver="process",
-                driver_config={"engine": "auto"},
+                driver_config={"engine": engine},
                 gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": 4}],
                 **spec,
             )
@@ -203,10 +208,70 @@ def seed_catalog(actor: Principal) -> None:
         )
 
 
+# What a newcomer finds running: the catalog model deployed for a demo tenant, and a little traffic.
+DEMO_DEPLOYMENTS = [{"tenant": "acme-eu", "name": "chat", "region": "eu-west-1"}]
+DEMO_REQUESTS = 24  # spread over the hour before the first seed
+
+
+def seed_deployments(actor: Principal) -> None:
+    """Deploy tiny-llama where a demo tenant lives; the worker's reconciler starts it (a simulated engine,
+    or real vLLM when the engine extra is installed). An existing deployment of that name is left alone."""
+    model = RegisteredModel.objects.get(owner=None, name="tiny-llama")
+    for spec in DEMO_DEPLOYMENTS:
+        tenant = Tenant.objects.get(slug=spec["tenant"])
+        live = Deployment.objects.exclude(state=DeploymentState.DELETED)
+        deployment = live.filter(owner=tenant, name=spec["name"]).first()
+        if deployment is None:
+            deployment = deployment_create(
+                actor=actor,
+                owner=tenant,
+                name=spec["name"],
+                model=model,
+                version="1.0.0",
+                regions=[spec["region"]],
+            )
+        seed_usage(actor, deployment, spec["region"])
+
+
+def seed_usage(actor: Principal, deployment: Deployment, region: str) -> None:
+    """A little past traffic so Costs and the Overview have tokens to show. The request ids are fixed, so
+    a second seed is deduplicated by usage ingest and adds nothing."""
+    first = f"seed-demo-{deployment.owner.slug}-{deployment.name}-"
+    if deployment.usage.filter(request_id__startswith=first).exists():
+        return
+    now = timezone.now()
+    records = [
+        {
+            "request_id": f"{first}{n:03d}",
+            "tenant": deployment.owner.slug,
+            "model_name": deployment.name,
+            "region": region,
+            "deployment": deployment.pk,
+            "version": f"{deployment.model.name}@{deployment.version.version}",
+            "endpoint": "seed_demo",
+            "status": 200,
+            "prompt_tokens": 40 + n,
+            "completion_tokens": 60 + 2 * n,
+            "latency_ms": 120.0 + n,
+            "started_at": (now - timedelta(minutes=60 - 60 * n // DEMO_REQUESTS)).isoformat(),
+        }
+        for n in range(DEMO_REQUESTS)
+    ]
+    usage_ingest(actor=actor, records=records)
+
+
 class Command(BaseCommand):
     help = "Seed the demo tenants, users, regions and catalog model (idempotent)."
 
     @transaction.atomic
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--engine",
+            choices=["auto", "simulator", "vllm"],
+            default=os.environ.get("DEMO_ENGINE", "auto"),
+            help="Engine of the demo regions (default: $DEMO_ENGINE, else auto: vLLM when installed)",
+        )
+
     def handle(self, *args: Any, **opts: Any) -> None:
         actor = Principal.system("seed_demo", source=AuditSource.COMMAND)
         for spec in TENANTS:
@@ -225,10 +290,12 @@ class Command(BaseCommand):
             if membership and not user.memberships.filter(tenant__slug=membership[0]).exists():
                 tenant = Tenant.objects.get(slug=membership[0])
                 membership_set(actor=actor, tenant=tenant, user=user, role=membership[1])
-        seed_regions(actor)
+        seed_regions(actor, opts["engine"])
         seed_catalog(actor)
+        seed_deployments(actor)
         seed_tokens(actor)
         self.stdout.write(
             f"Demo world ready: tenants {', '.join(t['slug'] for t in TENANTS)}; "
-            f"users {', '.join(u[0] for u in USERS)} (password {DEMO_PASSWORD})"
+            f"users {', '.join(u[0] for u in USERS)} (password {DEMO_PASSWORD}); "
+            f"deployed {', '.join('{tenant}/{name} in {region}'.format(**d) for d in DEMO_DEPLOYMENTS)}"
         )
