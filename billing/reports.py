@@ -49,14 +49,13 @@ class Report:
     utilization: dict[tuple[str, str], Decimal] = field(default_factory=dict)  # (deployment, region)
 
 
-def _segments(start: datetime, end: datetime) -> tuple[list[Segment], dict[int, Any]]:
+def _segments(start: datetime, end: datetime, now: datetime) -> tuple[list[Segment], dict[int, Any]]:
     pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
     rows = (
         CapacitySegment.objects.filter(started_at__lt=end)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
         .select_related("deployment__owner", "deployment__model", "version__model", "region")
     )
-    now = timezone.now()
     segments, about = [], {}
     for row in rows:
         about[row.pk] = row
@@ -81,8 +80,9 @@ def _prices() -> PriceBook:
     )
 
 
-def prices_now() -> Callable[[Region, str], Decimal | None]:
-    book, now = _prices(), timezone.now()
+def prices_now(now: datetime | None = None) -> Callable[[Region, str], Decimal | None]:
+    """The GPU price in force at ``now`` (default: the wall clock) per region and GPU type."""
+    book, now = _prices(), now or timezone.now()
     pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
 
     def price(region: Region, gpu_type: str) -> Decimal | None:
@@ -121,9 +121,12 @@ def capacity_tokens(gpu_type: str, gpu_hours: Decimal) -> Decimal:
     return gpu_hours * Decimal(per_gpu_hour.get(gpu_type, per_gpu_hour["default"]))
 
 
-def build(start: datetime, end: datetime) -> Report:
-    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated."""
-    segments, about = _segments(start, end)
+def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Report:
+    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated.
+
+    Capacity still held counts up to ``now`` (default ``end``), never beyond: the caller passes the clock
+    in, so a report never reads the wall clock."""
+    segments, about = _segments(start, end, now or end)
     costs = segment_costs(segments, _prices(), start, end)
     usage = usage_by_hour(start, end)
     tokens: dict[tuple[int, str, datetime], dict[str, tuple[int, int]]] = defaultdict(dict)

@@ -167,7 +167,7 @@ def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
         return []
     start, _ = month_bounds(period)
     spent: dict[str, Decimal] = {}
-    for line in build(start, now).lines:
+    for line in build(start, now, now=now).lines:
         spent[line.tenant] = spent.get(line.tenant, Decimal(0)) + line.cost
     fired = []
     for tenant in tenants:
@@ -219,9 +219,10 @@ def _post(url: str, payload: dict[str, Any]) -> None:
         log.warning("budget webhook %s failed: %s", url, exc)
 
 
-def over_budget(tenant_ids: list[int] | None = None) -> set[int]:
-    """Tenants whose hard limit is reached this month: gateways refuse their new requests."""
-    period = timezone.now().strftime("%Y-%m")
+def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:
+    """Tenants whose hard limit is reached in the month of ``now`` (default: the wall clock): gateways
+    refuse their new requests."""
+    period = (now or timezone.now()).strftime("%Y-%m")
     alerts = BudgetAlert.objects.filter(period=period, threshold__gte=100, tenant__budget_hard_limit=True)
     if tenant_ids is not None:
         alerts = alerts.filter(tenant_id__in=tenant_ids)

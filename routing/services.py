@@ -4,6 +4,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -32,11 +33,11 @@ def _location(region: Region | None) -> tuple[float, float] | None:
     return (region.latitude, region.longitude)
 
 
-def policies() -> list[TenantPolicy]:
+def policies(now: datetime | None = None) -> list[TenantPolicy]:
     from billing.services import over_budget
 
     regions = {r.code: r for r in Region.objects.all()}
-    blocked = over_budget()
+    blocked = over_budget(now=now)
     return [
         TenantPolicy(
             slug=tenant.slug,
@@ -61,7 +62,7 @@ def policies() -> list[TenantPolicy]:
     ]
 
 
-def placements() -> list[Placement]:
+def placements(now: datetime | None = None) -> list[Placement]:
     health = {h.url: h for h in EndpointHealth.objects.all()}
     verified = set(
         ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
@@ -69,7 +70,7 @@ def placements() -> list[Placement]:
     targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
         "deployment__owner", "deployment__version__model", "region"
     )
-    price_of = prices_now()  # the GPU price in force: the tiebreaker between regions
+    price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
     own_names = set(
         targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
@@ -113,9 +114,9 @@ def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:
     return Endpoint(url, seen.state == Health.HEALTHY, seen.running, seen.waiting, seen.kv_cache)
 
 
-def credentials() -> dict[str, dict[str, Any]]:
+def credentials(now: datetime | None = None) -> dict[str, dict[str, Any]]:
     """Token digest → the tenants it may call models for (what a gateway needs to authenticate offline)."""
-    now = timezone.now()
+    now = now or timezone.now()
     tokens = (
         ApiToken.objects.filter(revoked_at__isnull=True)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
@@ -164,9 +165,11 @@ def current() -> RouteTable | None:
     return RouteTable.objects.order_by("-generation").first()
 
 
-def publish() -> RouteTable:
-    """Compute the table; write a new generation only if it changed, recording failovers and failbacks."""
-    body = {"tenants": route_table(policies(), placements()), "credentials": credentials()}
+def publish(now: datetime | None = None) -> RouteTable:
+    """Compute the table as of ``now`` (default: the wall clock; budgets, prices and token expiry depend on
+    it); write a new generation only if it changed, recording failovers and failbacks."""
+    now = now or timezone.now()
+    body = {"tenants": route_table(policies(now), placements(now)), "credentials": credentials(now)}
     etag = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
     latest = current()
     if latest is not None and latest.etag == etag:
@@ -179,7 +182,7 @@ def publish() -> RouteTable:
             if latest is not None:
                 _record_moves(latest.body.get("tenants", {}), body["tenants"], table.generation)
     except IntegrityError:  # another publisher wrote this generation first; theirs is as fresh
-        return current() or publish()
+        return current() or publish(now)
     RouteTable.objects.filter(generation__lte=table.generation - KEEP_GENERATIONS).delete()
     return table
 
