@@ -41,3 +41,11 @@ def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
     if principal.sees_all(Scope.BILLING_READ):
         return found
     return found.filter(tenant_id__in=principal.tenant_ids_with(Scope.BILLING_READ))
+
+
+def budget_tenants(principal: Principal) -> QuerySet[Tenant]:
+    """Tenants with a monthly budget whose costs the caller may read (their own; operators: all)."""
+    found = Tenant.objects.filter(monthly_budget__isnull=False).order_by("slug")
+    if principal.sees_all(Scope.BILLING_READ):
+        return found
+    return found.filter(pk__in=principal.tenant_ids_with(Scope.BILLING_READ))

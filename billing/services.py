@@ -158,7 +158,7 @@ def thresholds_of(tenant: Tenant) -> list[int]:
 
 def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
     """Fire every threshold crossed this month, once: an audit event, the dashboard banner, a webhook."""
-    from billing.reports import build, month_bounds
+    from billing.reports import build, month_bounds, spent_by_tenant
 
     now = now or timezone.now()
     period = now.strftime("%Y-%m")
@@ -166,9 +166,7 @@ def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
     if not tenants:
         return []
     start, _ = month_bounds(period)
-    spent: dict[str, Decimal] = {}
-    for line in build(start, now, now=now).lines:
-        spent[line.tenant] = spent.get(line.tenant, Decimal(0)) + line.cost
+    spent = spent_by_tenant(build(start, now, now=now))
     fired = []
     for tenant in tenants:
         used, budget = spent.get(tenant.slug, Decimal(0)), tenant.monthly_budget or Decimal(1)

@@ -21,5 +21,5 @@ def prometheus_client(
         url=url,
         disable_ssl=True,
         retry=retry,
-        timeout=(connect_timeout, read_timeout),  # type: ignore[arg-type]  (requests takes a pair)
+        timeout=(connect_timeout, read_timeout),  # type: ignore[arg-type]  # requests takes a pair
     )

@@ -188,8 +188,31 @@ def test_an_unused_deployment_is_flagged_idle_with_its_monthly_saving(world, cha
         idle = api(world.alice).get("/api/v1/costs/idle/?hours=24").json()["deployments"]
         (found,) = idle
         assert found["deployment"] == f"{world.tenant_a.slug}/chat" and Decimal(found["utilization"]) == 0
-        assert Decimal(found["monthly_saving"]) == (Decimal(25) / 24 * 730).quantize(Decimal("0.01"))
+        # It held its GPU 10 of the 24 hours: 25.00 / 10 h × 730 h, not 25.00 / 24 h × 730.
+        assert Decimal(found["monthly_saving"]) == Decimal("1825.00")
+        assert found["observed_hours"] == "10.00" and found["utilization_percent"] == "0.0"
         assert api(world.bob).get("/api/v1/costs/idle/").json()["deployments"] == []
+
+
+def test_the_monthly_saving_of_a_young_deployment_uses_the_time_it_has_existed(world, chat):
+    now = HISTORY + timedelta(hours=12)
+    region = chat.targets.get().region
+    CapacitySegment.objects.filter(deployment=chat).delete()
+    CapacitySegment.objects.create(
+        deployment=chat,
+        version=chat.version,
+        region=region,
+        gpu_type="L4",
+        gpus=1,
+        started_at=now - timedelta(minutes=7),
+    )
+    GpuPrice.objects.create(
+        region=region, gpu_type="L4", hourly_price=Decimal("0.92"), effective_from=now - timedelta(days=1)
+    )
+    day = reports.build(now - timedelta(hours=24), now, now=now)
+    (found,) = reports.idle_deployments(day, Decimal("0.10"), None)
+    assert found["monthly_saving"] == Decimal("671.60")  # 0.92 an hour × 730, not 0.11 / 24 h × 730 = 3.35
+    assert found["observed_hours"] == Decimal("0.12")  # 7 minutes
 
 
 def test_operators_set_budgets_and_limits_tenants_cannot_raise_their_own(world, api):
@@ -207,6 +230,45 @@ def test_operators_set_budgets_and_limits_tenants_cannot_raise_their_own(world, 
     assert world.tenant_a.budget_thresholds == [25, 90] and world.tenant_a.requests_per_minute == 600
     bad = api(world.admin).patch(f"/api/v1/tenants/{slug}/", {"budget_thresholds": [0]}, format="json")
     assert bad.status_code in (400, 422)
+
+
+def test_a_budget_in_another_currency_than_costs_is_refused(world, api, settings):
+    from controlplane.management.commands.seed_demo import TENANTS
+
+    slug = world.tenant_a.slug
+    body = {"monthly_budget": "500.00", "budget_currency": "EUR"}
+    refused = api(world.admin).patch(f"/api/v1/tenants/{slug}/", body, format="json")
+    assert refused.status_code == 400, refused.content
+    assert "USD" in refused.json()["error"]["message"] and "budget_currency" in refused.content.decode()
+    world.tenant_a.refresh_from_db()
+    assert world.tenant_a.monthly_budget is None  # nothing changed
+    new = {"slug": "eur-co", "name": "Eur Co", "residency": ["EU"], **body}
+    assert api(world.admin).post("/api/v1/tenants/", new, format="json").status_code == 400
+    ok = api(world.admin).patch(f"/api/v1/tenants/{slug}/", {**body, "budget_currency": "USD"}, format="json")
+    assert ok.status_code == 200, ok.content
+    # The demo seed keeps budgets in the cost currency.
+    assert {t["budget_currency"] for t in TENANTS if t.get("monthly_budget")} == {settings.BILLING_CURRENCY}
+
+
+def test_the_costs_page_shows_a_tenant_admin_their_own_budget_only(world, chat, client):
+    _history(world, chat, hours=4, price="10.00")  # 40.00 spent by acme in June 2025
+    world.tenant_a.monthly_budget, world.tenant_a.budget_thresholds = Decimal("100.00"), [25, 90]
+    world.tenant_a.save()
+    world.tenant_b.monthly_budget, world.tenant_b.budget_hard_limit = Decimal("777.00"), True
+    world.tenant_b.save()
+    with time_machine.travel(HISTORY + timedelta(hours=12), tick=False):  # the page reads the clock
+        client.force_login(world.alice)
+        mine = client.get("/costs/").content.decode()
+        client.force_login(world.bob)
+        theirs = client.get("/costs/").content.decode()
+    budget = mine[mine.index('id="budgets"') :]
+    assert world.tenant_a.slug in budget and "100.00 USD" in budget and "40.00 USD" in budget
+    assert "40.0 %" in budget and "25 %, 90 %" in budget
+    assert "777.00" not in mine and world.tenant_b.slug not in budget
+    other = theirs[theirs.index('id="budgets"') :]
+    assert "777.00 USD" in other and "0.00 USD" in other and "hard limit" in other
+    assert world.tenant_a.slug not in other and "100.00 USD" not in other
+    assert "Per 1M tokens (USD)" in mine and "%" in mine[mine.index('id="idle"') :]
 
 
 def _webhook(received: list) -> str:  # type: ignore[type-arg]
