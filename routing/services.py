@@ -193,7 +193,8 @@ def _primary(route: dict[str, Any]) -> str:
 
 
 def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int) -> None:
-    """Compare where each tenant's model was served first, before and after; audit every move."""
+    """Compare where each tenant's model was served first, before and after; audit every failover,
+    failback, outage and restore (a model coming up for the first time is none of these)."""
     tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=after)}
     for slug, view in after.items():
         for name, route in view["models"].items():
@@ -203,7 +204,10 @@ def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int
             was, now = _primary(old), _primary(route)
             if was == now:
                 continue
-            kind, message = _move(name, was, now, route)
+            move = _move(tenants.get(slug), name, was, now, route)
+            if move is None:
+                continue
+            kind, message = move
             RoutingEvent.objects.create(
                 kind=kind,
                 tenant=tenants.get(slug),
@@ -216,12 +220,24 @@ def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int
             audit_record(actor=SYSTEM, action=f"routing.{kind}", tenant=tenants.get(slug), message=message)
 
 
-def _move(name: str, was: str, now: str, route: dict[str, Any]) -> tuple[str, str]:
+def _move(
+    tenant: Tenant | None, name: str, was: str, now: str, route: dict[str, Any]
+) -> tuple[str, str] | None:
+    """What a change of serving region is, judged against what this route lived through before; None when
+    nothing failed and nothing came back (first service, or the preferred region joining at bring-up)."""
+    history = RoutingEvent.objects.filter(tenant=tenant, model_name=name).exclude(
+        kind__in=[RoutingEventKind.HEALTHY, RoutingEventKind.UNHEALTHY]
+    )
     if not now:
         return RoutingEventKind.UNAVAILABLE, f"{name}: {route.get('unavailable', 'no region can serve')}"
     if not was:
+        last = history.order_by("-at", "-pk").first()
+        if last is None or last.kind != RoutingEventKind.UNAVAILABLE:
+            return None  # served for the first time: nothing was lost, so nothing is restored
         return RoutingEventKind.RESTORED, f"{name}: served again from {now}"
     if now == route.get("preferred"):
+        if not history.filter(from_region=now).exists():
+            return None  # the preferred region joined after another came up first: nothing failed
         return RoutingEventKind.FAILBACK, f"{name}: traffic back from {was} to {now}"
     return RoutingEventKind.FAILOVER, f"{name}: traffic moved from {was} to {now}"
 
