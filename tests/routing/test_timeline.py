@@ -15,7 +15,7 @@ from routing.models import RoutingEvent
 from tests.conftest import principal, wait_for
 from tests.regions.conftest import converge, tiny_version
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # starts (simulated) engines
+pytestmark = pytest.mark.django_db(transaction=True)
 LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7)}
 
 
@@ -55,6 +55,7 @@ def _ready(deployment) -> bool:  # type: ignore[no-untyped-def]
     return all(t.status == "ready" for t in targets)
 
 
+@pytest.mark.slow  # starts (simulated) engines
 def test_a_fresh_deployment_records_nothing_in_the_timeline_and_no_error(
     world, make_region, tiny_model_dir, client
 ):
