@@ -246,6 +246,11 @@ def test_a_budget_in_another_currency_than_costs_is_refused(world, api, settings
     assert api(world.admin).post("/api/v1/tenants/", new, format="json").status_code == 400
     ok = api(world.admin).patch(f"/api/v1/tenants/{slug}/", {**body, "budget_currency": "USD"}, format="json")
     assert ok.status_code == 200, ok.content
+    settings.BILLING_CURRENCY = "EUR"  # a platform that keeps its costs in euros
+    plain = {"slug": "eur-co", "name": "Eur Co", "residency": ["EU"], "monthly_budget": "10.00"}
+    created = api(world.admin).post("/api/v1/tenants/", plain, format="json")
+    assert created.status_code == 201 and created.json()["budget_currency"] == "EUR"  # the default follows
+    settings.BILLING_CURRENCY = "USD"
     # The demo seed keeps budgets in the cost currency.
     assert {t["budget_currency"] for t in TENANTS if t.get("monthly_budget")} == {settings.BILLING_CURRENCY}
 
