@@ -22,15 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
 from regions.artifacts.copier import CopyTuning, copy_blob  # noqa: E402
-from regions.artifacts.stores import S3Store, blob_key  # noqa: E402
+from regions.artifacts.stores import S3Store, blob_key, s3_client  # noqa: E402
 
 MiB = 1024 * 1024
 
@@ -59,14 +57,7 @@ def start_endpoint() -> tuple[subprocess.Popen[bytes], str]:
 
 
 def client(url: str):  # type: ignore[no-untyped-def]
-    import botocore.config
-
-    return boto3.client(
-        "s3",
-        endpoint_url=url,
-        region_name="us-east-1",
-        config=botocore.config.Config(max_pool_connections=32),
-    )
+    return s3_client(endpoint_url=url, region_name="us-east-1")  # the platform's one S3 client factory
 
 
 def main() -> None:

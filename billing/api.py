@@ -117,7 +117,8 @@ class CostReportView(PrincipalMixin):
         period, group_by = _period(request), _group_by(request)
         tenants = selectors.cost_tenants(self.principal)
         start, end = reports.month_bounds(period)
-        rows = reports.summarize(reports.build(start, min(end, timezone.now())), group_by, tenants)
+        now = timezone.now()
+        rows = reports.summarize(reports.build(start, min(end, now), now=now), group_by, tenants)
         if request.query_params.get("export") == "csv":
             return _csv(rows, f"costs-{period}.csv")  # type: ignore[return-value]
         total = sum((r["cost"] for r in rows), Decimal(0))
@@ -158,7 +159,7 @@ class IdleView(PrincipalMixin):
         if not 1 <= hours <= 24 * 31:
             raise ValidationFailed("hours must be between 1 and 744.")
         now = timezone.now()
-        report = reports.build(now - timedelta(hours=hours), now)
+        report = reports.build(now - timedelta(hours=hours), now, now=now)
         threshold = Decimal(settings.BILLING_IDLE_UTILIZATION)
         found = reports.idle_deployments(report, threshold, selectors.cost_tenants(self.principal))
         return Response(_exact({"hours": hours, "threshold": threshold, "deployments": found}))

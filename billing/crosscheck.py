@@ -13,11 +13,11 @@ from urllib.parse import urlsplit
 
 from django.db.models import Sum
 from django.utils import timezone
-from prometheus_api_client import PrometheusConnect
 
 from billing.models import UsageRecord
 from controlplane.choices import Scope
 from controlplane.principal import Principal
+from regions.drivers.prometheus import prometheus_client
 from regions.models import DeploymentTarget, Region
 
 COUNTERS = {"prompt_tokens": "vllm:prompt_tokens_total", "completion_tokens": "vllm:generation_tokens_total"}
@@ -27,7 +27,7 @@ def crosscheck(actor: Principal, region: Region, minutes: int) -> dict[str, Any]
     actor.require(Scope.BILLING_WRITE)  # operators: it reads every tenant's usage in the region
     if not region.prometheus_url:
         return {"region": region.code, "error": "the region names no Prometheus"}
-    prometheus = PrometheusConnect(url=region.prometheus_url, disable_ssl=True)
+    prometheus = prometheus_client(region.prometheus_url)
     since = timezone.now() - timedelta(minutes=minutes)
     recorded = UsageRecord.objects.filter(region=region.code, started_at__gte=since).aggregate(
         prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")

@@ -5,7 +5,7 @@ is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
 """
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -47,16 +47,17 @@ class Report:
     currency: str
     lines: list[Line] = field(default_factory=list)
     utilization: dict[tuple[str, str], Decimal] = field(default_factory=dict)  # (deployment, region)
+    # (deployment, region) → (hours it held GPUs inside the window, its unrounded GPU cost there)
+    held: dict[tuple[str, str], tuple[Decimal, Decimal]] = field(default_factory=dict)
 
 
-def _segments(start: datetime, end: datetime) -> tuple[list[Segment], dict[int, Any]]:
+def _segments(start: datetime, end: datetime, now: datetime) -> tuple[list[Segment], dict[int, Any]]:
     pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
     rows = (
         CapacitySegment.objects.filter(started_at__lt=end)
         .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=start))
         .select_related("deployment__owner", "deployment__model", "version__model", "region")
     )
-    now = timezone.now()
     segments, about = [], {}
     for row in rows:
         about[row.pk] = row
@@ -81,8 +82,9 @@ def _prices() -> PriceBook:
     )
 
 
-def prices_now() -> Callable[[Region, str], Decimal | None]:
-    book, now = _prices(), timezone.now()
+def prices_now(now: datetime | None = None) -> Callable[[Region, str], Decimal | None]:
+    """The GPU price in force at ``now`` (default: the wall clock) per region and GPU type."""
+    book, now = _prices(), now or timezone.now()
     pools = {(p.region_id, p.gpu_type): p.pricing_model for p in GpuPool.objects.all()}
 
     def price(region: Region, gpu_type: str) -> Decimal | None:
@@ -121,9 +123,12 @@ def capacity_tokens(gpu_type: str, gpu_hours: Decimal) -> Decimal:
     return gpu_hours * Decimal(per_gpu_hour.get(gpu_type, per_gpu_hour["default"]))
 
 
-def build(start: datetime, end: datetime) -> Report:
-    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated."""
-    segments, about = _segments(start, end)
+def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Report:
+    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated.
+
+    Capacity still held counts up to ``now`` (default ``end``), never beyond: the caller passes the clock
+    in, so a report never reads the wall clock."""
+    segments, about = _segments(start, end, now or end)
     costs = segment_costs(segments, _prices(), start, end)
     usage = usage_by_hour(start, end)
     tokens: dict[tuple[int, str, datetime], dict[str, tuple[int, int]]] = defaultdict(dict)
@@ -166,7 +171,38 @@ def build(start: datetime, end: datetime) -> Report:
             )
     _add_usage(report, usage, about)
     _utilization(report, costs, about, tokens, weight)
+    _held(report, segments, about, costs)
     return report
+
+
+def _held(report: Report, segments: list[Segment], about: dict[int, Any], costs: Any) -> None:
+    """How long each deployment held GPUs in the window (the union of its segments, clipped) and what that
+    cost: a deployment that exists for 7 minutes of a 24-hour window is judged on those 7 minutes."""
+
+    def name(segment_id: int) -> str:
+        segment = about[segment_id]
+        return f"{segment.deployment.owner.slug}/{segment.deployment.name}"
+
+    spans: dict[tuple[str, str], list[tuple[datetime, datetime]]] = defaultdict(list)
+    for segment in segments:
+        lo, hi = max(segment.start, report.start), min(segment.end, report.end)
+        if lo < hi:
+            spans[(name(segment.key), segment.region)].append((lo, hi))
+    cost: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+    for (segment_id, region, _), (_, amount) in costs.items():
+        cost[(name(segment_id), region)] += amount
+    report.held = {key: (_covered_hours(found), cost[key]) for key, found in spans.items()}
+
+
+def _covered_hours(spans: list[tuple[datetime, datetime]]) -> Decimal:
+    seconds, reach = 0.0, None
+    for lo, hi in sorted(spans):
+        if reach is not None and lo < reach:
+            lo = reach
+        if hi > lo:
+            seconds += (hi - lo).total_seconds()
+            reach = hi
+    return Decimal(str(seconds)) / Decimal(3600)
 
 
 def _add_usage(report: Report, usage: list[dict[str, Any]], about: dict[int, Any]) -> None:
@@ -196,6 +232,36 @@ def _utilization(report: Report, costs: Any, about: dict[int, Any], tokens: Any,
         for prompt, completion in tokens.get((segment.deployment_id, region, hour), {}).values():
             used[(name, region)] += weight * prompt + completion
     report.utilization = {k: min(Decimal(1), used[k] / v) if v else Decimal(0) for k, v in capacity.items()}
+
+
+def spent_by_tenant(report: Report) -> dict[str, Decimal]:
+    """Each tenant's GPU cost in the report (idle capacity under "")."""
+    spent: dict[str, Decimal] = defaultdict(Decimal)
+    for line in report.lines:
+        spent[line.tenant] += line.cost
+    return dict(spent)
+
+
+def budget_status(tenants: Iterable[Tenant], month: Report) -> list[dict[str, Any]]:
+    """Budget, month-to-date spend, share used and alert thresholds of each tenant, from the month."""
+    from billing.services import thresholds_of
+
+    spent = spent_by_tenant(month)
+    found = []
+    for tenant in tenants:
+        used, limit = spent.get(tenant.slug, Decimal(0)), tenant.monthly_budget or Decimal(0)
+        found.append(
+            {
+                "tenant": tenant.slug,
+                "limit": limit,
+                "currency": tenant.budget_currency,
+                "spent": used.quantize(Decimal("0.01")),
+                "percent": (used / limit * 100).quantize(Decimal("0.1")) if limit else None,
+                "thresholds": thresholds_of(tenant),
+                "hard_limit": tenant.budget_hard_limit,
+            }
+        )
+    return found
 
 
 def month_bounds(period: str) -> tuple[datetime, datetime]:
@@ -250,21 +316,23 @@ def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> 
 
 def idle_deployments(report: Report, threshold: Decimal, tenants: set[str] | None) -> list[dict[str, Any]]:
     """Deployments whose utilization over the report's window stayed under ``threshold``, with the monthly
-    saving of scaling them to zero (their average hourly cost × 730)."""
-    cost: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for line in report.lines:
-        cost[(line.deployment, line.region)] += line.cost
-    hours = Decimal(max((report.end - report.start).total_seconds(), 3600)) / Decimal(3600)
+    saving of scaling them to zero: their cost per hour of the time they actually held GPUs in the window
+    (not the whole window: a deployment created 7 minutes ago is not averaged over 24 hours) × 730."""
     found = []
     for (name, region), utilization in sorted(report.utilization.items()):
         if utilization >= threshold or (tenants is not None and name.split("/")[0] not in tenants):
             continue
+        hours, cost = report.held.get((name, region), (Decimal(0), Decimal(0)))
         found.append(
             {
                 "deployment": name,
                 "region": region,
                 "utilization": utilization.quantize(Decimal("0.0001")),
-                "monthly_saving": (cost[(name, region)] / hours * MONTH_HOURS).quantize(Decimal("0.01")),
+                "utilization_percent": (utilization * 100).quantize(Decimal("0.1")),
+                "observed_hours": hours.quantize(Decimal("0.01")),
+                "monthly_saving": (cost / hours * MONTH_HOURS).quantize(Decimal("0.01"))
+                if hours
+                else Decimal("0.00"),
             }
         )
     return found

@@ -9,6 +9,7 @@ from billing import reports
 from billing.models import BudgetAlert, UsageRecord
 from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
+from controlplane.models import Tenant
 from controlplane.principal import Principal
 from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
 
@@ -73,3 +74,8 @@ def spend_to_date(principal: Principal, *, now: datetime) -> dict[str, Any]:
         "month": sum((row["cost"] for row in days), Decimal(0)),
         "currency": settings.BILLING_CURRENCY,
     }
+
+
+def budget_tenants(principal: Principal) -> QuerySet[Tenant]:
+    """Tenants with a monthly budget whose costs the caller may read (their own; operators: all)."""
+    return tenants_for(principal, Scope.BILLING_READ).filter(monthly_budget__isnull=False).order_by("slug")

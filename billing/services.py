@@ -210,7 +210,7 @@ def thresholds_of(tenant: Tenant) -> list[int]:
 
 def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
     """Fire every threshold crossed this month, once: an audit event, the dashboard banner, a webhook."""
-    from billing.reports import build, month_bounds
+    from billing.reports import build, month_bounds, spent_by_tenant
 
     now = now or timezone.now()
     period = now.strftime("%Y-%m")
@@ -218,9 +218,7 @@ def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
     if not tenants:
         return []
     start, _ = month_bounds(period)
-    spent: dict[str, Decimal] = {}
-    for line in build(start, now).lines:
-        spent[line.tenant] = spent.get(line.tenant, Decimal(0)) + line.cost
+    spent = spent_by_tenant(build(start, now, now=now))
     fired = []
     for tenant in tenants:
         used, budget = spent.get(tenant.slug, Decimal(0)), tenant.monthly_budget or Decimal(1)
@@ -271,9 +269,10 @@ def _post(url: str, payload: dict[str, Any]) -> None:
         log.warning("budget webhook %s failed: %s", url, exc)
 
 
-def over_budget(tenant_ids: list[int] | None = None) -> set[int]:
-    """Tenants whose hard limit is reached this month: gateways refuse their new requests."""
-    period = timezone.now().strftime("%Y-%m")
+def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:
+    """Tenants whose hard limit is reached in the month of ``now`` (default: the wall clock): gateways
+    refuse their new requests."""
+    period = (now or timezone.now()).strftime("%Y-%m")
     alerts = BudgetAlert.objects.filter(period=period, threshold__gte=100, tenant__budget_hard_limit=True)
     if tenant_ids is not None:
         alerts = alerts.filter(tenant_id__in=tenant_ids)

@@ -62,8 +62,12 @@ def costs(request: HttpRequest, p: Principal) -> HttpResponse:
         period = timezone.now().strftime("%Y-%m")
         start, end = reports.month_bounds(period)
     now = timezone.now()
-    report = reports.build(start, min(end, now))
-    day = reports.build(now - timedelta(hours=24), now)
+    report = reports.build(start, min(end, now), now=now)
+    day = reports.build(now - timedelta(hours=24), now, now=now)
+    this_month = now.strftime("%Y-%m")
+    month = (
+        report if period == this_month else reports.build(reports.month_bounds(this_month)[0], now, now=now)
+    )
     context = {
         "period": period,
         "currency": settings.BILLING_CURRENCY,
@@ -73,7 +77,9 @@ def costs(request: HttpRequest, p: Principal) -> HttpResponse:
             (line.cost for line in report.lines if tenants is None or line.tenant in tenants), Decimal(0)
         ),
         "idle": reports.idle_deployments(day, Decimal(settings.BILLING_IDLE_UTILIZATION), tenants),
-        "alerts": selectors.budget_alerts(p).filter(period=now.strftime("%Y-%m")),
+        "alerts": selectors.budget_alerts(p).filter(period=period),
         "hosted_price": settings.BILLING_HOSTED_PRICE_PER_1M,
+        "budget_month": this_month,
+        "budgets": reports.budget_status(selectors.budget_tenants(p), month),
     }
     return render(request, "billing/costs.html", context)

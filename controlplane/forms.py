@@ -1,6 +1,7 @@
 """Dashboard forms. They only shape input; the services decide what is allowed."""
 
 from django import forms
+from django.conf import settings
 
 from controlplane.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Scope, TenantRole, TenantStatus
 
@@ -19,7 +20,11 @@ class TenantForm(forms.Form):
     home_region = forms.CharField(max_length=64, required=False)
     max_gpus = forms.IntegerField(min_value=0, required=False, label="GPU quota")
     monthly_budget = forms.DecimalField(max_digits=14, decimal_places=2, min_value=0, required=False)
-    budget_currency = forms.RegexField(r"^[A-Z]{3}$", initial="USD")
+    budget_currency = forms.RegexField(
+        r"^[A-Z]{3}$",
+        initial=lambda: settings.BILLING_CURRENCY,
+        help_text="Budgets are kept in the cost currency.",
+    )
 
 
 class TenantEditForm(TenantForm):

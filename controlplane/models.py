@@ -3,7 +3,9 @@
 import uuid
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractUser
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
@@ -53,6 +55,20 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        # A budget is compared with costs, which are kept in BILLING_CURRENCY, and no exchange rate is
+        # applied: a budget in any other currency would be compared as if it were in that one.
+        if self.monthly_budget is not None and self.budget_currency != settings.BILLING_CURRENCY:
+            raise ValidationError(
+                {
+                    "budget_currency": (
+                        f"Budgets are kept in {settings.BILLING_CURRENCY}, the currency of GPU prices and "
+                        f"costs; convert the budget to {settings.BILLING_CURRENCY} (no exchange rates are "
+                        "applied)."
+                    )
+                }
+            )
 
 
 class User(AbstractUser):

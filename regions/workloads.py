@@ -54,4 +54,5 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
         model_files=model_files(version) if target.region.object_store else [],
         node_labels=dict(pool.node_labels) if pool else {},
         taints=list(pool.taints) if pool else [],
+        artifact_bytes=version.artifact_size_bytes,
     )

@@ -19,10 +19,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
-from prometheus_api_client import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
 
 from regions.choices import DeploymentState
+from regions.drivers.prometheus import prometheus_client
 from regions.models import DeploymentTarget, Region
 from routing import services
 from routing.models import RouteTable
@@ -69,7 +69,10 @@ def load_from_prometheus(prometheus_url: str, urls: list[str]) -> dict[str, dict
     """{endpoint url: gauges} for the endpoints Prometheus scrapes (matched on the instance label)."""
     by_instance = {urlsplit(url).netloc: url for url in urls}
     found: dict[str, dict[str, float]] = {}
-    prometheus = PrometheusConnect(url=prometheus_url, disable_ssl=True)
+    # Inside the one-second probe round: a short wait and no retry (the next round is the retry).
+    prometheus = prometheus_client(
+        prometheus_url, connect_timeout=PROBE_TIMEOUT_SECONDS, read_timeout=1.0, retries=0
+    )
     for metric, key in GAUGES.items():
         for series in prometheus.custom_query(f"sum by (instance) ({metric})"):
             url = by_instance.get(series["metric"].get("instance", ""))

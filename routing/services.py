@@ -4,6 +4,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -34,11 +35,11 @@ def _location(region: Region | None) -> tuple[float, float] | None:
     return (region.latitude, region.longitude)
 
 
-def policies() -> list[TenantPolicy]:
+def policies(now: datetime | None = None) -> list[TenantPolicy]:
     from billing.services import over_budget
 
     regions = {r.code: r for r in Region.objects.all()}
-    blocked = over_budget()
+    blocked = over_budget(now=now)
     return [
         TenantPolicy(
             slug=tenant.slug,
@@ -63,7 +64,7 @@ def policies() -> list[TenantPolicy]:
     ]
 
 
-def placements() -> list[Placement]:
+def placements(now: datetime | None = None) -> list[Placement]:
     health = {h.url: h for h in EndpointHealth.objects.all()}
     verified = set(
         ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
@@ -71,7 +72,7 @@ def placements() -> list[Placement]:
     targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
         "deployment__owner", "deployment__version__model__owner", "region"
     )
-    price_of = prices_now()  # the GPU price in force: the tiebreaker between regions
+    price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
     own_names = set(
         targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
@@ -117,9 +118,9 @@ def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:
     return Endpoint(url, seen.state == Health.HEALTHY, seen.running, seen.waiting, seen.kv_cache)
 
 
-def credentials() -> dict[str, dict[str, Any]]:
+def credentials(now: datetime | None = None) -> dict[str, dict[str, Any]]:
     """Token digest → the one tenant it is bound to and may call models for (for offline authentication)."""
-    now = timezone.now()
+    now = now or timezone.now()
     tokens = (
         ApiToken.objects.filter(revoked_at__isnull=True)
         .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
@@ -177,11 +178,13 @@ def current() -> RouteTable | None:
     return RouteTable.objects.order_by("-generation").first()
 
 
-def publish() -> RouteTable:
-    """Compute the table; write a new generation only if it changed, recording failovers and failbacks."""
+def publish(now: datetime | None = None) -> RouteTable:
+    """Compute the table as of ``now`` (default: the wall clock; budgets, prices and token expiry depend on
+    it); write a new generation only if it changed, recording failovers and failbacks."""
+    now = now or timezone.now()
     body: dict[str, Any] = {
-        "tenants": route_table(policies(), placements()),
-        "credentials": credentials(),
+        "tenants": route_table(policies(now), placements(now)),
+        "credentials": credentials(now),
         "cache_salts": cache_salts(),
     }
     etag = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
@@ -196,7 +199,7 @@ def publish() -> RouteTable:
             if latest is not None:
                 _record_moves(latest.body.get("tenants", {}), body["tenants"], table.generation)
     except IntegrityError:  # another publisher wrote this generation first; theirs is as fresh
-        return current() or publish()
+        return current() or publish(now)
     RouteTable.objects.filter(generation__lte=table.generation - KEEP_GENERATIONS).delete()
     return table
 
@@ -207,7 +210,8 @@ def _primary(route: dict[str, Any]) -> str:
 
 
 def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int) -> None:
-    """Compare where each tenant's model was served first, before and after; audit every move."""
+    """Compare where each tenant's model was served first, before and after; audit every failover,
+    failback, outage and restore (a model coming up for the first time is none of these)."""
     tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=after)}
     for slug, view in after.items():
         for name, route in view["models"].items():
@@ -217,7 +221,10 @@ def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int
             was, now = _primary(old), _primary(route)
             if was == now:
                 continue
-            kind, message = _move(name, was, now, route)
+            move = _move(tenants.get(slug), name, was, now, route)
+            if move is None:
+                continue
+            kind, message = move
             RoutingEvent.objects.create(
                 kind=kind,
                 tenant=tenants.get(slug),
@@ -230,12 +237,24 @@ def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int
             audit_record(actor=SYSTEM, action=f"routing.{kind}", tenant=tenants.get(slug), message=message)
 
 
-def _move(name: str, was: str, now: str, route: dict[str, Any]) -> tuple[str, str]:
+def _move(
+    tenant: Tenant | None, name: str, was: str, now: str, route: dict[str, Any]
+) -> tuple[str, str] | None:
+    """What a change of serving region is, judged against what this route lived through before; None when
+    nothing failed and nothing came back (first service, or the preferred region joining at bring-up)."""
+    history = RoutingEvent.objects.filter(tenant=tenant, model_name=name).exclude(
+        kind__in=[RoutingEventKind.HEALTHY, RoutingEventKind.UNHEALTHY]
+    )
     if not now:
         return RoutingEventKind.UNAVAILABLE, f"{name}: {route.get('unavailable', 'no region can serve')}"
     if not was:
+        last = history.order_by("-at", "-pk").first()
+        if last is None or last.kind != RoutingEventKind.UNAVAILABLE:
+            return None  # served for the first time: nothing was lost, so nothing is restored
         return RoutingEventKind.RESTORED, f"{name}: served again from {now}"
     if now == route.get("preferred"):
+        if not history.filter(from_region=now).exists():
+            return None  # the preferred region joined after another came up first: nothing failed
         return RoutingEventKind.FAILBACK, f"{name}: traffic back from {was} to {now}"
     return RoutingEventKind.FAILOVER, f"{name}: traffic moved from {was} to {now}"
 

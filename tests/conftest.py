@@ -3,10 +3,13 @@
 Every isolation test asks the same question: can someone of tenant A see or change tenant B's things?
 """
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 import pytest
+import time_machine
 from rest_framework.test import APIClient
 
 from controlplane.choices import ALL_SCOPES, AuditSource, PlatformRole, TenantRole
@@ -39,6 +42,18 @@ def _own_audit_checkpoints(settings, tmp_path) -> None:
     settings.AUDIT_CHECKPOINT_DIR = str(tmp_path / "audit-checkpoints")
     settings.AUDIT_CHECKPOINT_KEY_FILE = str(tmp_path / "audit-checkpoint.key")
     settings.AUDIT_CHECKPOINT_KEY_GENERATE = True
+
+
+@pytest.fixture(autouse=True)
+def _wall_clock() -> Iterator[None]:
+    """``TEST_CLOCK=2026-12-01T00:30Z`` starts every test's wall clock at that instant (ticking on), to show
+    that no test depends on the day or the hour: the first hours of a month, the last minute of February."""
+    start = os.environ.get("TEST_CLOCK", "")
+    if not start:
+        yield
+        return
+    with time_machine.travel(datetime.fromisoformat(start.replace("Z", "+00:00")), tick=True):
+        yield
 
 
 @dataclass

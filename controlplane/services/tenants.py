@@ -36,6 +36,7 @@ EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
 def tenant_create(*, actor: Principal, slug: str, name: str, residency: list[str], **fields: Any) -> Tenant:
     actor.require(Scope.TENANTS_WRITE)
     reject_unknown(fields, EDITABLE_TENANT_FIELDS, "Unknown tenant field(s)")
+    fields.setdefault("budget_currency", settings.BILLING_CURRENCY)  # budgets are kept in the cost currency
     tenant = Tenant(slug=slug, name=name, residency=jurisdiction_codes(residency), **fields)
     full_clean(tenant)
     with transaction.atomic():

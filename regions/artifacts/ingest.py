@@ -13,14 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
-import boto3
 import requests
 from django.conf import settings
 
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from regions.artifacts.replication import home_store
-from regions.artifacts.stores import ObjectStore, blob_key
+from regions.artifacts.stores import ObjectStore, blob_key, s3_client
 from regions.drivers.base import DriverError
 from registry.models import ModelVersion
 from registry.services.lifecycle import version_reject
@@ -51,7 +50,7 @@ def _read(uri: str, part_size: int) -> Iterator[bytes]:
             response.raise_for_status()
             yield from response.iter_content(part_size)
     elif parsed.scheme == "s3":
-        client = boto3.client("s3", endpoint_url=os.environ.get("ARTIFACT_SOURCE_S3_ENDPOINT") or None)
+        client = s3_client(endpoint_url=os.environ.get("ARTIFACT_SOURCE_S3_ENDPOINT") or None)
         body = client.get_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"))["Body"]
         while chunk := body.read(part_size):
             yield chunk

@@ -271,6 +271,30 @@ class S3Store:
         return total
 
 
+def s3_client(
+    *,
+    endpoint_url: str | None = None,
+    region_name: str | None = None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> Any:
+    """The one place an S3 client is built: explicit connect/read timeouts, bounded retries in boto's
+    standard mode, and a pool wide enough for parallel part copies. Credentials None: the standard chain."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        region_name=region_name,
+        aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=botocore.config.Config(
+            connect_timeout=5,
+            read_timeout=60,
+            retries={"max_attempts": 3, "mode": "standard"},
+            max_pool_connections=32,
+        ),
+    )
+
+
 def store_from_config(config: dict[str, Any]) -> ObjectStore:
     """Build a store from a region's (or the home store's) configuration; credentials by reference."""
     kind = config.get("kind")
@@ -279,15 +303,11 @@ def store_from_config(config: dict[str, Any]) -> ObjectStore:
     if kind == "s3":
         access = os.environ.get(config.get("access_key_env", ""), "") or None
         secret = os.environ.get(config.get("secret_key_env", ""), "") or None
-        client = boto3.client(
-            "s3",
+        client = s3_client(
             endpoint_url=config.get("endpoint_url") or None,
             region_name=config.get("region_name", "us-east-1"),
-            aws_access_key_id=access,
-            aws_secret_access_key=secret,
-            config=botocore.config.Config(
-                connect_timeout=5, read_timeout=60, retries={"max_attempts": 3}, max_pool_connections=32
-            ),
+            access_key=access,
+            secret_key=secret,
         )
         return S3Store(config["bucket"], client, config.get("endpoint_url", ""))
     raise DriverError(f"unknown object store kind {kind!r}", permanent=True)

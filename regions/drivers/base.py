@@ -35,6 +35,8 @@ class WorkloadSpec:
     model_files: list[list[str]] = field(default_factory=list)
     node_labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict[str, str]] = field(default_factory=list)
+    # The version's artifact size: clusters size the model-cache volume from it.
+    artifact_bytes: int = 0
 
     @property
     def spec_hash(self) -> str:

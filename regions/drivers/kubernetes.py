@@ -170,18 +170,17 @@ def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any
     return container
 
 
-def _cache_size(spec: WorkloadSpec, artifact_bytes: int) -> str:
+def cache_size(artifact_bytes: int) -> str:
+    """The model-cache volume: the artifact with 20 % headroom plus 5 GiB, at least 10 GiB."""
     return f"{max(10, math.ceil(artifact_bytes * 1.2 / 1024**3) + 5)}Gi"
 
 
-def render_manifests(
-    spec: WorkloadSpec, cfg: KubernetesConfig, artifact_bytes: int = 0
-) -> list[dict[str, Any]]:
+def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str, Any]]:
     labels = _labels(spec)
     selector = {"app.kubernetes.io/instance": spec.name}
     cache_claim: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
-        "resources": {"requests": {"storage": _cache_size(spec, artifact_bytes)}},
+        "resources": {"requests": {"storage": cache_size(spec.artifact_bytes)}},
     }
     if cfg.storage_class:
         cache_claim["storageClassName"] = cfg.storage_class
@@ -313,13 +312,12 @@ class KubernetesDriver:
         self.apps = client.AppsV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = (cfg.connect_timeout, cfg.read_timeout)
-        self.artifact_bytes = 0
 
     def render(self, spec: WorkloadSpec) -> str:
-        return yaml.safe_dump_all(render_manifests(spec, self.cfg, self.artifact_bytes), sort_keys=False)
+        return yaml.safe_dump_all(render_manifests(spec, self.cfg), sort_keys=False)
 
     def apply(self, spec: WorkloadSpec) -> None:
-        deployment, service = render_manifests(spec, self.cfg, self.artifact_bytes)
+        deployment, service = render_manifests(spec, self.cfg)
         ns = self.cfg.namespace
         with _errors("apply"):
             self.core.patch_namespaced_service(

@@ -9,7 +9,6 @@ import sys
 import time
 from datetime import timedelta
 
-import boto3
 import pytest
 from django.utils import timezone
 from moto.server import ThreadedMotoServer
@@ -17,7 +16,7 @@ from moto.server import ThreadedMotoServer
 from controlplane.models import AuditEvent
 from regions.artifacts.copier import CopyTuning, copy_blob
 from regions.artifacts.replication import replica_for, replicate, resume_replication
-from regions.artifacts.stores import LocalStore, S3Store, blob_key, store_from_config
+from regions.artifacts.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
 from regions.drivers.base import DriverError
 from regions.models import ArtifactReplica
 from tests.conftest import child_env, principal, wait_for
@@ -41,7 +40,7 @@ def s3_endpoints():
 
 
 def bucket(endpoint: str, name: str) -> dict:
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    s3_client(endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return {"kind": "s3", "bucket": name, "endpoint_url": endpoint}
 
 
@@ -446,7 +445,7 @@ def test_ingest_from_a_directory_an_http_server_and_s3(
     finally:
         server.shutdown()
 
-    s3 = boto3.client("s3", endpoint_url=s3_endpoints[1], region_name="us-east-1")
+    s3 = s3_client(endpoint_url=s3_endpoints[1], region_name="us-east-1")
     s3.create_bucket(Bucket="vendor")
     payload = os.urandom(2 * MiB)
     s3.put_object(Bucket="vendor", Key="llama/weights.bin", Body=payload)

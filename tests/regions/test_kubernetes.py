@@ -2,6 +2,7 @@
 exercised end to end over HTTP against a test API server that speaks the real REST protocol."""
 
 import json
+from dataclasses import replace
 
 import kubernetes_validate
 import pytest
@@ -30,19 +31,18 @@ SPEC = WorkloadSpec(
     gpu_count=2,
     node_labels={"nvidia.com/gpu.product": "A100-SXM4-80GB"},
     taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+    artifact_bytes=16 * 1024**3,
 )
 CONFIG = KubernetesConfig(namespace="llm", kubeconfig_file="/dev/null", object_store_secret="models-eu-s3")
 
 
-@pytest.mark.parametrize(
-    "manifest", render_manifests(SPEC, CONFIG, artifact_bytes=16 * 1024**3), ids=lambda m: m["kind"]
-)
+@pytest.mark.parametrize("manifest", render_manifests(SPEC, CONFIG), ids=lambda m: m["kind"])
 def test_rendered_manifests_validate_against_the_kubernetes_schema(manifest):
     kubernetes_validate.validate(manifest, kubernetes_validate.utils.latest_version(), strict=True)
 
 
 def test_rendered_deployment_follows_the_reference_deployments():
-    deployment, service = render_manifests(SPEC, CONFIG, artifact_bytes=16 * 1024**3)
+    deployment, service = render_manifests(SPEC, CONFIG)
     pod = deployment["spec"]["template"]["spec"]
     engine = pod["containers"][0]
     assert engine["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
@@ -178,3 +178,18 @@ def test_delete_removes_the_workload(world, kube, chat):
     chat.refresh_from_db()
     assert chat.state == "deleted" and not kube.state.objects
     assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 2
+
+
+def test_the_model_cache_is_sized_from_the_versions_artifact(world, kube, chat):
+    from registry.models import ModelVersion
+
+    ModelVersion.objects.filter(pk=chat.version_id).update(artifact_size_bytes=40 * 1024**3)
+    converge(chat)
+    stored = kube.state.objects[("deployments", "llm", f"cp-{chat.pk}-chat")]
+    volumes = {v["name"]: v for v in stored["spec"]["template"]["spec"]["volumes"]}
+    claim = volumes["model-cache"]["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == "53Gi"  # 40 GiB × 1.2 headroom + 5 GiB, rounded up
+    small = render_manifests(replace(SPEC, artifact_bytes=1024**3), CONFIG)[0]["spec"]["template"]["spec"][
+        "volumes"
+    ]
+    assert small[1]["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "10Gi"

@@ -282,8 +282,8 @@ def test_the_gateway_keeps_serving_from_its_cached_table_when_the_control_plane_
         fleet["gateway"].proc = subprocess.Popen(["true"])  # the fixture's stop() has one to wait for
 
 
-def _republish(fleet) -> None:  # type: ignore[no-untyped-def]
-    generation = services.publish().generation
+def _republish(fleet, now=None) -> None:  # type: ignore[no-untyped-def]
+    generation = services.publish(now).generation
     wait_for(lambda: fleet["gateway"].generation() == generation, timeout=10)
 
 
@@ -310,10 +310,11 @@ def test_a_spent_budget_with_a_hard_limit_stops_new_requests_at_the_gateway(worl
 
     world.tenant_a.monthly_budget, world.tenant_a.budget_hard_limit = 100, True
     world.tenant_a.save()
+    now = timezone.now()  # one clock reading: the alert's month is the month the table is built for
     BudgetAlert.objects.create(
-        tenant=world.tenant_a, period=timezone.now().strftime("%Y-%m"), threshold=100, spent=101, budget=100
+        tenant=world.tenant_a, period=now.strftime("%Y-%m"), threshold=100, spent=101, budget=100
     )
-    _republish(fleet)
+    _republish(fleet, now)
     refused = chat(fleet["gateway"], fleet["tokens"]["alice"])
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "insufficient_quota"
     assert "monthly budget" in refused.json()["error"]["message"]

@@ -39,7 +39,7 @@ TENANTS: list[dict[str, Any]] = [
         "home_region": "eu-west-1",
         "max_gpus": 16,
         "monthly_budget": "25000.00",
-        "budget_currency": "EUR",
+        "budget_currency": "USD",
     },
     {
         "slug": "globex-us",
