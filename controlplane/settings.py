@@ -14,7 +14,10 @@ from django.core.exceptions import ImproperlyConfigured
 from controlplane.env import env_bool, env_int, env_list, env_str, local_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+# State (SQLite file, broker folder, keys, tokens): var/ of the checkout, or of the working directory when
+# the control plane runs from an installed wheel (BASE_DIR is then site-packages).
+_DEFAULT_VAR_DIR = BASE_DIR / "var" if (BASE_DIR / "manage.py").exists() else Path.cwd() / "var"
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(_DEFAULT_VAR_DIR)))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1", "testserver"}
@@ -73,7 +76,8 @@ LOGOUT_REDIRECT_URL = "login"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The repository's templates/ (controlplane/templates links to it; the wheel carries a copy there).
+        "DIRS": [Path(__file__).resolve().parent / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
