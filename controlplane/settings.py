@@ -170,6 +170,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # Broadcast (pidbox) exchanges; kombu's default is ./control, relative to wherever the worker runs.
         "control_folder": str(BROKER_DIR / "control"),
     }
+# JSON only, never pickle: a message can carry data, not code (serve relies on it for its root worker).
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
