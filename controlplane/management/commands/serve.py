@@ -4,6 +4,7 @@ and the gateway.
 Ctrl-C (or SIGTERM) stops everything it started; if any process dies, the others are stopped too.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -125,16 +126,18 @@ class Command(BaseCommand):
         self._stop(procs)
 
     def _stop(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        # SIGTERM to each leader only: gunicorn and Celery stop their own workers (signalled directly, a
+        # Celery pool child logs an ERROR for every Ctrl-C). What is left of a group afterwards is killed.
         for proc in procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
         for proc in procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)  # reaped: nothing of ours outlives this command
+            proc.wait(timeout=10)  # reaped: nothing of ours outlives this command
         self.stdout.write("Stopped web, worker, scheduler, router and gateway.")
         stopped = self._stop_local_engines()
         if stopped:
