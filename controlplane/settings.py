@@ -11,6 +11,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane.api.schema import TAGS as API_TAGS
 from controlplane.env import env_bool, env_int, env_list, env_str, local_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -227,6 +228,12 @@ SPECTACULAR_SETTINGS = {
         }
     },
     "SECURITY": [{"bearer": []}],
+    # Operations grouped by capability (controlplane/api/schema.py), not all under one "v1" group.
+    "TAGS": API_TAGS,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api.schema.tag_by_capability",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "controlplane.choices.TenantStatus",
         "OperationStatusEnum": "controlplane.choices.OperationStatus",
