@@ -157,7 +157,8 @@ if env_bool("BEHIND_TLS_PROXY", False):
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 
 # Celery: the embedded default is kombu's filesystem transport, which still runs a real worker process.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# "localhost" names no server (the transport is a folder); without a host kombu warns at every connect.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost//")
 BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_DIR", str(VAR_DIR / "broker")))
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
