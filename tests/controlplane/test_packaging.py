@@ -71,6 +71,8 @@ def test_the_installed_control_plane_checks_migrates_and_serves_the_console(
     django_admin = str(venv / "bin/django-admin")
     _run([django_admin, "check", "--settings", "controlplane.settings"], cwd=tmp_path, env=env)
     _run([django_admin, "migrate", "--no-input"], cwd=tmp_path, env=env)
+    _run([django_admin, "seed_demo"], cwd=tmp_path, env=env)  # the demo world, from the wheel alone
+    _run([str(venv / "bin/python"), "-m", "pip", "check"], cwd=tmp_path, env=env)
     probe = (
         "import django, controlplane; django.setup()\n"
         "assert '/site-packages/' in controlplane.__file__, controlplane.__file__\n"
