@@ -50,3 +50,18 @@ def test_no_document_links_outside_the_repository() -> None:
         if "://" not in target and not (page.parent / target).resolve().is_relative_to(ROOT)
     ]
     assert not outside, outside
+
+
+def test_nothing_in_the_repository_points_at_files_outside_it() -> None:
+    """A clone has no shared/ folder beside it: code comments and scripts must not send readers there."""
+    outside = re.compile(r"(\.\./)?" + "shared" + r"/[A-Z_]+\.md")
+    files = [ROOT / "README.md", ROOT / "Makefile", *(ROOT / "scripts").iterdir(), *(ROOT / ".ci").iterdir()]
+    for folder in (*API_PACKAGES, "gateway", "docs", "tests"):
+        files += [p for p in (ROOT / folder).rglob("*") if p.suffix in {".py", ".md", ".html", ".sh"}]
+    hits = [
+        f"{p.relative_to(ROOT)}: {m.group(0)}"
+        for p in files
+        if p.is_file()
+        for m in outside.finditer(p.read_text())
+    ]
+    assert not hits, hits
