@@ -1,4 +1,4 @@
-.PHONY: run test test-fast lint
+.PHONY: run test test-fast lint smoke
 
 run:  ## install, migrate, seed the demo and run the control plane
 	scripts/run
@@ -9,6 +9,11 @@ test:  ## install test dependencies and run the whole suite
 test-fast:  ## the suite without tests that start processes or a browser
 	scripts/test -m "not slow"
 
-lint:
+lint:  ## ruff, mypy over every package, deptry (every import declared for a plain install)
 	scripts/bootstrap test,dev
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy controlplane registry regions billing
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . \
+	  && .venv/bin/mypy controlplane registry regions billing routing gateway \
+	  && .venv/bin/deptry .
+
+smoke:  ## the README's quick start on a fresh clone of HEAD: dashboard and gateway answer, Ctrl-C stops all
+	scripts/smoke

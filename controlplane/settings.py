@@ -12,10 +12,14 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from controlplane.api.schema import TAGS as API_TAGS
 from controlplane.env import env_bool, env_int, env_list, env_str, local_secret_key
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(BASE_DIR / "var")))
+# State (SQLite file, broker folder, keys, tokens): var/ of the checkout, or of the working directory when
+# the control plane runs from an installed wheel (BASE_DIR is then site-packages).
+_DEFAULT_VAR_DIR = BASE_DIR / "var" if (BASE_DIR / "manage.py").exists() else Path.cwd() / "var"
+VAR_DIR = Path(env_str("CONTROLPLANE_VAR_DIR", str(_DEFAULT_VAR_DIR)))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "[::1]", "::1", "testserver"}
@@ -91,7 +95,8 @@ LOGOUT_REDIRECT_URL = "login"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        # The repository's templates/ (controlplane/templates links to it; the wheel carries a copy there).
+        "DIRS": [Path(__file__).resolve().parent / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -181,7 +186,8 @@ if env_bool("BEHIND_TLS_PROXY", False):
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 
 # Celery: the embedded default is kombu's filesystem transport, which still runs a real worker process.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# "localhost" names no server (the transport is a folder); without a host kombu warns at every connect.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://localhost//")
 BROKER_DIR = Path(env_str("CELERY_FILESYSTEM_DIR", str(VAR_DIR / "broker")))
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
@@ -195,6 +201,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         # Broadcast (pidbox) exchanges; kombu's default is ./control, relative to wherever the worker runs.
         "control_folder": str(BROKER_DIR / "control"),
     }
+# JSON only, never pickle: a message can carry data, not code (serve relies on it for its root worker).
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -254,6 +263,12 @@ SPECTACULAR_SETTINGS = {
         }
     },
     "SECURITY": [{"bearer": []}],
+    # Operations grouped by capability (controlplane/api/schema.py), not all under one "v1" group.
+    "TAGS": API_TAGS,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "controlplane.api.schema.tag_by_capability",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "TenantStatusEnum": "controlplane.choices.TenantStatus",
         "OperationStatusEnum": "controlplane.choices.OperationStatus",

@@ -1,7 +1,7 @@
 """The vLLM engine arguments the platform supports, typed, and their rendering as CLI flags.
 
 Names are the CLI flag names with underscores (``max_model_len`` ↔ ``--max-model-len``); the set and
-their bounds follow vLLM's ``EngineArgs`` (see shared/REFERENCE.md §1.5). Anything outside it is refused
+their bounds follow vLLM's ``EngineArgs``. Anything outside it is refused
 at registration with a message naming the argument, instead of surfacing later as a crash-looping
 engine. When vLLM itself is installed, its own parser checks the rendered flags too.
 """

@@ -2,7 +2,7 @@
 
 Objects are content-addressed: a file with SHA-256 ``h`` lives at ``blobs/sha256/<h>``, so copying the
 same bytes twice is a no-op. Our own SHA-256 travels as object metadata, because a multipart upload's S3
-checksum is a composite of the parts, not the file's digest (shared/REFERENCE.md §6). Copies go part by
+checksum is a composite of the parts, not the file's digest. Copies go part by
 part through ``MultipartUpload`` so an interrupted transfer resumes where it stopped.
 """
 

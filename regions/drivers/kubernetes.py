@@ -1,5 +1,5 @@
 """The Kubernetes driver: renders a vLLM workload the way the best public deployments do and applies it
-with server-side apply under one field manager (shared/REFERENCE.md §3, §4).
+with server-side apply under one field manager.
 
 One API client per region, built from a kubeconfig held by reference (an environment variable naming a
 file, or a file path; never the kubeconfig itself in the database), with explicit timeouts.

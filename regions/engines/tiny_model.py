@@ -1,7 +1,7 @@
 """A tiny random-weight Llama that real vLLM can serve on a CPU, made locally (nothing is downloaded).
 
 vLLM's ``--load-format dummy`` fills the weights randomly, so the model directory needs only
-``config.json``, ``tokenizer.json`` and ``tokenizer_config.json`` (shared/REFERENCE.md §8). The tokenizer
+``config.json``, ``tokenizer.json`` and ``tokenizer_config.json``. The tokenizer
 is a byte-level BPE whose vocabulary has exactly the model's ``vocab_size`` entries, so every token the
 random model samples decodes to text.
 """

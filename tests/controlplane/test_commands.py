@@ -88,6 +88,8 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
         timeout=120,
     )
     port, gateway_port = free_port(), free_port()
+    home = tmp_path / "home"  # an empty HOME: serve keeps its state under var/, never in ~ (~/.gunicorn)
+    home.mkdir()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -101,7 +103,7 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
             str(gateway_port),
         ],
         cwd=ROOT,
-        env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path)),
+        env=child_env(CONTROLPLANE_VAR_DIR=str(tmp_path), HOME=str(home)),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -155,6 +157,8 @@ def test_serve_runs_web_worker_and_scheduler_and_stops_them_on_ctrl_c(transactio
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output
     assert "Demo password" in output and "Stopped web, worker, scheduler, router and gateway." in output
+    assert "superuser privileges" not in output  # Celery's root warning, silenced for the demo worker only
+    assert not list(home.iterdir()), list(home.iterdir())
     for child in children:
         assert not Path(f"/proc/{child}").exists() or _is_zombie(child), (
             f"process {child} still running: {_cmdline(child)}"

@@ -4,6 +4,7 @@ and the gateway.
 Ctrl-C (or SIGTERM) stops everything it started; if any process dies, the others are stopped too.
 """
 
+import contextlib
 import os
 import shutil
 import signal
@@ -17,6 +18,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from controlplane.management.commands.seed_demo import DEMO_PASSWORD, USERS
+
+# A warnings filter (action:message-prefix) for Celery's "superuser privileges" SecurityWarning.
+ROOT_WORKER_WARNING = "ignore:You're running the worker with superuser privileges"
 
 
 class Command(BaseCommand):
@@ -47,6 +51,9 @@ class Command(BaseCommand):
                 "-",
                 "--graceful-timeout",
                 "5",
+                # gunicorn's control socket defaults to ~/.gunicorn/; keep all local state under var/.
+                "--control-socket",
+                str(settings.VAR_DIR / "gunicorn.ctl"),
             ],
             "worker": [
                 py,
@@ -63,7 +70,8 @@ class Command(BaseCommand):
                 "worker@%h",
             ],
             "beat": [py, "-m", "celery", "-A", "controlplane", "beat", "--loglevel", "INFO"],
-            "router": [py, "manage.py", "route"],
+            # Through django (not ./manage.py) so it runs from an installed wheel and from any directory.
+            "router": [py, "-m", "django", "route"],
             "gateway": [py, "-m", "gateway", "--host", host, "--port", str(gateway_port)],
         }
 
@@ -79,13 +87,26 @@ class Command(BaseCommand):
             "CONTROL_PLANE_URL": f"http://{self._bind}",
             "GATEWAY_TOKEN_FILE": str(settings.VAR_DIR / "tokens" / "gateway"),
             "GATEWAY_CACHE_FILE": str(settings.VAR_DIR / "gateway-routes.json"),
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings"),
         }
+
+    def _process_environment(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        if name == "worker" and os.geteuid() == 0:
+            # Celery warns on every start as root and asks for --uid. serve is the local demo: it runs as
+            # whoever started it (root in containers and CI), and dropping to another user would lock the
+            # worker out of var/ (the SQLite file, the broker folder). The warning exists because a root
+            # worker that accepts pickle runs arbitrary code; this worker accepts JSON only
+            # (CELERY_ACCEPT_CONTENT), so only that one warning is silenced, only here. Production runs
+            # the worker as its own unprivileged user (docs/operations.md).
+            filters = [f for f in (env.get("PYTHONWARNINGS"),) if f]
+            return {**env, "PYTHONWARNINGS": ",".join([*filters, ROOT_WORKER_WARNING])}
+        return env
 
     def handle(self, *args: Any, **opts: Any) -> None:
         self._bind = opts["bind"]
         env = self._environment()
         procs = {
-            name: subprocess.Popen(cmd, env=env, start_new_session=True)
+            name: subprocess.Popen(cmd, env=self._process_environment(name, env), start_new_session=True)
             for name, cmd in self._commands(opts["bind"], opts["web_workers"], opts["gateway_port"]).items()
         }
         self._banner(opts["bind"], opts["gateway_port"])
@@ -105,16 +126,18 @@ class Command(BaseCommand):
         self._stop(procs)
 
     def _stop(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+        # SIGTERM to each leader only: gunicorn and Celery stop their own workers (signalled directly, a
+        # Celery pool child logs an ERROR for every Ctrl-C). What is left of a group afterwards is killed.
         for proc in procs.values():
             if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
+                proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
         for proc in procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)  # reaped: nothing of ours outlives this command
+            proc.wait(timeout=10)  # reaped: nothing of ours outlives this command
         self.stdout.write("Stopped web, worker, scheduler, router and gateway.")
         stopped = self._stop_local_engines()
         if stopped:
