@@ -61,7 +61,9 @@ class ModelListView(ModelScoped, generics.ListAPIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         owner_slug = fields.pop("owner")
-        owner = None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug)
+        owner = (
+            None if owner_slug == "platform" else core_selectors.tenant_for_action(self.principal, owner_slug)
+        )
         model = models.model_register(actor=self.principal, owner=owner, **fields)
         return Response(
             s.ModelSerializer(model).data, status=201, headers={"ETag": etag(model.pk, model.revision)}
@@ -198,7 +200,10 @@ class AliasListView(ModelScoped):
 
 
 def _parse_at(raw: str) -> datetime:
-    at = parse_datetime(raw)
+    try:
+        at = parse_datetime(raw)
+    except ValueError:  # well-formed but impossible: month 13, offset +25:00
+        at = None
     if at is None or at.tzinfo is None:
         raise ValidationFailed(
             f"at={raw!r} is not an ISO 8601 time with a time zone, e.g. 2026-11-03T14:00:00Z."
