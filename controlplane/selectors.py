@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from django.db.models import Model, Q, QuerySet
 
-from controlplane.choices import Scope
+from controlplane.choices import PlatformRole, Scope
 from controlplane.errors import NotFound
 from controlplane.models import ApiToken, AuditEvent, Membership, Operation, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
@@ -36,6 +36,19 @@ def tenants_for(principal: Principal) -> QuerySet[Tenant]:
 def tenant_get(principal: Principal, slug: str) -> Tenant:
     tenant = tenants_for(principal).filter(slug=slug).first()
     if tenant is None:
+        raise NotFound(f"No tenant '{slug}'.")
+    return tenant
+
+
+def tenant_for_action(principal: Principal, slug: str) -> Tenant:
+    """The tenant a write names. Who may know that it exists — platform staff, and its own members and
+    robots, whatever their token's scopes — gets it (and then the service's 403 if a scope is missing);
+    anyone else gets the same 404 as for a tenant that does not exist."""
+    tenant = Tenant.objects.filter(slug=slug).first()
+    knows = tenant is not None and (
+        principal.platform_role != PlatformRole.NONE or tenant.pk in principal.tenant_roles
+    )
+    if tenant is None or not knows:
         raise NotFound(f"No tenant '{slug}'.")
     return tenant
 

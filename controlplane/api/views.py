@@ -75,7 +75,7 @@ class TenantViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewS
         parameters=[OpenApiParameter("If-Match", str, OpenApiParameter.HEADER, description="ETag from GET")],
     )
     def partial_update(self, request: Request, slug: str) -> Response:
-        tenant = selectors.tenant_get(self.principal, slug)
+        tenant = selectors.tenant_for_action(self.principal, slug)
         data = s.TenantUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         tenant = tenants.tenant_update(
@@ -188,7 +188,7 @@ class ServiceAccountViewSet(
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         slug = fields.pop("tenant", None)
-        tenant = selectors.tenant_get(self.principal, slug) if slug else None
+        tenant = selectors.tenant_for_action(self.principal, slug) if slug else None
         robot = tenants.service_account_create(actor=self.principal, tenant=tenant, **fields)
         return Response(s.ServiceAccountSerializer(robot).data, status=201)
 
