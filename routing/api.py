@@ -1,5 +1,6 @@
 """Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if."""
 
+import math
 from typing import Any
 
 from django.http import HttpResponse
@@ -17,10 +18,14 @@ from routing.models import EndpointHealth, RoutingEvent
 
 
 def _wait(request: Request) -> float:
+    """Seconds to long-poll; NaN and infinity are refused (a NaN deadline never passes)."""
     try:
-        return float(request.query_params.get("wait", 0))
-    except ValueError as exc:
-        raise ValidationFailed("wait must be a number of seconds (at most 30).") from exc
+        wait = float(request.query_params.get("wait", 0))
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait):
+        raise ValidationFailed("wait must be a number of seconds (at most 30).")
+    return wait
 
 
 def _if_none_match(request: Request) -> str:

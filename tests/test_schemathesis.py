@@ -20,8 +20,10 @@ from schemathesis.checks import not_a_server_error
 
 from controlplane.wsgi import application
 from tests.conftest import mint, principal
-from tests.regions.conftest import make_region  # noqa: F401 (a fixture)
+from tests.regions import conftest as regions_conftest
 from tests.registry.conftest import advance, register
+
+make_region = regions_conftest.make_region  # a fixture shared with tests/regions
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
@@ -59,7 +61,7 @@ def _keep_the_test_connection() -> Any:
 
 
 @pytest.fixture
-def seeded(world: Any, chat_model: Any, make_region: Any) -> Any:  # noqa: F811
+def seeded(world: Any, chat_model: Any, make_region: Any) -> Any:
     """Objects for the examples to find: a region, tenant acme's model with a staged version and an alias."""
     from registry.services.lifecycle import alias_move
 

@@ -6,8 +6,10 @@ from django.db import connection
 from controlplane.choices import READ_SCOPES
 from tests.conftest import principal
 from tests.controlplane.test_api_conventions import assert_envelope
-from tests.regions.conftest import make_region  # noqa: F401 (a fixture)
+from tests.regions import conftest as regions_conftest
 from tests.registry.conftest import POLICY, register, version_payload
+
+make_region = regions_conftest.make_region  # a fixture shared with tests/regions
 
 MODEL = "/api/v1/models/acme/llama-3-8b"
 
@@ -68,7 +70,7 @@ def test_alias_at_that_is_not_a_time_is_400(world, api, chat_model, at):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_manifest_of_an_s3_version_on_a_process_region_without_store_is_409(world, api, make_region):  # noqa: F811
+def test_manifest_of_an_s3_version_on_a_process_region_without_store_is_409(world, api, make_region):
     from regions.services.deployments import deployment_create
     from registry.services.models import model_register
     from tests.registry.conftest import advance
@@ -229,3 +231,41 @@ def test_budget_webhook_schema_allows_what_the_api_returns(world, api):
     checker = jsonschema.FormatChecker()
     checker.checks("uri")(lambda v: not isinstance(v, str) or "://" in v)
     jsonschema.validate(value, field, format_checker=checker)
+
+
+# --- query parameters the schema did not declare (so a fuzzer never tried them) ---------------------
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "/api/v1/costs/?month=9999-12",
+        "/api/v1/costs/?month=0000-01",
+        "/api/v1/costs/idle/?hours=1e3",
+        "/api/v1/costs/crosscheck/?region=eu-west-1&minutes=abc",
+        "/api/v1/routing/table/?wait=nan",
+        "/api/v1/routing/table/?wait=inf",
+        "/api/v1/routing/table/?wait=1e400",
+        "/api/v1/routing/gateway-config/?wait=nan",
+    ],
+)
+def test_bad_query_parameters_are_400(world, api, make_region, query):
+    make_region("eu-west-1", "EU")
+    client = api(world.admin)
+    if "routing" in query:  # long-poll on the current table: a NaN wait used to loop forever
+        etag = client.get(query.split("?")[0])["ETag"]
+        response = client.get(query, HTTP_IF_NONE_MATCH=etag)
+    else:
+        response = client.get(query)
+    assert_envelope(response, 400, "invalid")
+
+
+@pytest.mark.parametrize(
+    "path", ["/costs/?month=9999-12", "/deployments/new/?replicas=abc", "/deployments/new/?replicas=-1"]
+)
+def test_console_pages_with_bad_query_parameters_do_not_fail(world, client, chat_model, path):
+    from tests.registry.conftest import advance
+
+    advance(register(chat_model, principal(world.alice)), principal(world.alice), "production")
+    client.force_login(world.alice)
+    assert client.get(path).status_code == 200
