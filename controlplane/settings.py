@@ -52,7 +52,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "controlplane.observability.RequestContextMiddleware",
-    "controlplane.api.parsers.RejectNulInAddressMiddleware",
+    "controlplane.api.parsers.RejectNulMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -8,7 +8,8 @@ endpoint — labels, policies, report hardware, driver configuration, plain stri
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.shortcuts import render
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
@@ -57,20 +58,29 @@ class JSONBodyParser(JSONParser):
         return data
 
 
-class RejectNulInAddressMiddleware:
-    """A NUL in the path or the query string (``?q=%00``) is a 400 before any view or query runs: the
-    path parameters and filters of every API endpoint and console page reach the database."""
+def _has_nul(values: QueryDict) -> bool:
+    return any("\x00" in key or any("\x00" in v for v in values.getlist(key)) for key in values)
+
+
+class RejectNulMiddleware:
+    """A NUL in the path, the query string (``?q=%00``) or a console form's fields is a 400 before any
+    view or query runs: path parameters, filters and form fields all reach the database. (API bodies are
+    JSON, checked by ``JSONBodyParser``; the console's forms are form-encoded, checked here, once.)"""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        query = request.GET
-        if "\x00" in request.path or any("\x00" in k or "\x00" in v for k, v in query.items()):
-            message = "The address contains a NUL character (%00); NUL is not allowed in paths or queries."
-            if request.path.startswith("/api/"):
-                from controlplane.api.conventions import envelope
+        api = request.path.startswith("/api/")
+        if "\x00" in request.path or _has_nul(request.GET):
+            where = "the address (a %00 in the path or query)"
+        elif not api and request.method == "POST" and _has_nul(request.POST):
+            where = "a form field"
+        else:
+            return self.get_response(request)
+        message = f"NUL characters are not allowed, and {where} contains one. Remove it and try again."
+        if api:
+            from controlplane.api.conventions import envelope
 
-                return JsonResponse(envelope("malformed_request", message), status=400)
-            return HttpResponseBadRequest(message, content_type="text/plain; charset=utf-8")
-        return self.get_response(request)
+            return JsonResponse(envelope("malformed_request", message), status=400)
+        return render(request, "error.html", {"status": 400, "message": message}, status=400)
