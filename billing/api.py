@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -98,7 +98,14 @@ def _group_by(request: Request) -> list[str]:
 
 
 class CostReportView(PrincipalMixin):
-    @extend_schema(responses={200: dict, (200, "text/csv"): str, **ERRORS})
+    @extend_schema(
+        responses={200: dict, (200, "text/csv"): str, **ERRORS},
+        parameters=[
+            OpenApiParameter("month", str, description="YYYY-MM; this month when absent"),
+            OpenApiParameter("group_by", str, description="comma-separated: " + ", ".join(reports.GROUPS)),
+            OpenApiParameter("export", str, enum=["csv"]),
+        ],
+    )
     def get(self, request: Request) -> Response:
         """``?month=2026-11&group_by=tenant,region,version,day[&export=csv]``: GPU cost attributed to
         tenants (operators also see idle capacity), tokens, cost per 1M tokens, the hosted-API price."""
@@ -136,7 +143,7 @@ def _csv(rows: list[dict[str, Any]], name: str) -> HttpResponse:
 
 
 class IdleView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(responses={200: dict, **ERRORS}, parameters=[OpenApiParameter("hours", int)])
     def get(self, request: Request) -> Response:
         """Deployments under the idle threshold over the last ``?hours=24``, with the monthly saving."""
         try:
@@ -153,7 +160,10 @@ class IdleView(PrincipalMixin):
 
 
 class CrosscheckView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(
+        responses={200: dict, **ERRORS},
+        parameters=[OpenApiParameter("region", str, required=True), OpenApiParameter("minutes", int)],
+    )
     def get(self, request: Request) -> Response:
         """``?region=eu-west-1&minutes=60``: gateway-recorded tokens against vLLM's counters (operators)."""
         region = region_selectors.region_get(self.principal, request.query_params.get("region", ""))

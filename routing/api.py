@@ -4,7 +4,7 @@ import math
 from typing import Any
 
 from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,6 +15,11 @@ from controlplane.errors import ValidationFailed
 from regions.models import Region
 from routing import exports, selectors
 from routing.models import EndpointHealth, RoutingEvent
+
+LONG_POLL = [
+    OpenApiParameter("wait", float, description="seconds to wait for a newer table (at most 30)"),
+    OpenApiParameter("If-None-Match", str, OpenApiParameter.HEADER, description="ETag you hold"),
+]
 
 
 def _wait(request: Request) -> float:
@@ -39,7 +44,7 @@ def _conditional(request: Request, etag: str, body: dict[str, Any]) -> Response:
 
 
 class RouteTableView(PrincipalMixin):
-    @extend_schema(responses={200: dict, 304: None, **ERRORS})
+    @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
         """The route table as this caller may see it (operators: all tenants). ``?wait=25`` long-polls for
         a generation newer than the one named in ``If-None-Match``."""
@@ -50,7 +55,7 @@ class RouteTableView(PrincipalMixin):
 
 
 class GatewayConfigView(PrincipalMixin):
-    @extend_schema(responses={200: dict, 304: None, **ERRORS})
+    @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
@@ -116,7 +121,9 @@ class EventsView(PrincipalMixin):
 
 
 class WhatIfView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(
+        responses={200: dict, **ERRORS}, parameters=[OpenApiParameter("region", str, required=True)]
+    )
     def get(self, request: Request) -> Response:
         """``?region=eu-west-1``: which tenants and models lose service or capacity if that region fails."""
         code = request.query_params.get("region", "")
