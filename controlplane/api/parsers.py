@@ -6,12 +6,15 @@ endpoint — labels, policies, report hardware, driver configuration, plain stri
 """
 
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import render
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
+
+from controlplane.errors import ValidationFailed
 
 MAX_JSON_DEPTH = 64
 
@@ -84,3 +87,12 @@ class RejectNulMiddleware:
 
             return JsonResponse(envelope("malformed_request", message), status=400)
         return render(request, "error.html", {"status": 400, "message": message}, status=400)
+
+
+def utc_instant(at: datetime, name: str) -> datetime:
+    """A caller's aware time as UTC. PostgreSQL refuses offsets past ±15:59 that Python accepts (a 500
+    before), and an instant before year 1 in UTC cannot be represented: both are a 400 naming ``name``."""
+    try:
+        return at.astimezone(UTC)
+    except OverflowError as exc:
+        raise ValidationFailed(f"{name}: {at.isoformat()} is outside the representable range.") from exc

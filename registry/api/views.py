@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from controlplane import selectors as core_selectors
 from controlplane.api.conventions import etag, expected_revision, idempotent
+from controlplane.api.parsers import utc_instant
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.errors import ValidationFailed
 from registry import selectors
@@ -208,7 +209,7 @@ def _parse_at(raw: str) -> datetime:
         raise ValidationFailed(
             f"at={raw!r} is not an ISO 8601 time with a time zone, e.g. 2026-11-03T14:00:00Z."
         )
-    return at
+    return utc_instant(at, "at")
 
 
 class AliasDetailView(ModelScoped):

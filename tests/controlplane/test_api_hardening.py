@@ -279,3 +279,35 @@ def test_console_pages_with_bad_query_parameters_do_not_fail(world, client, chat
     advance(register(chat_model, principal(world.alice)), principal(world.alice), "production")
     client.force_login(world.alice)
     assert client.get(path).status_code == 200
+
+
+# --- times: offsets PostgreSQL refuses, instants before year 1 ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("query", "status"),
+    [
+        ("since=2026-01-01T00:00:00-19:38", 200),
+        ("until=2026-01-01T00:00:00%2B18:00", 200),
+        ("until=0001-01-01T00:00:00%2B05:00", 400),
+    ],
+)
+def test_audit_filters_take_any_offset_python_accepts(world, api, client, query, status):
+    assert api(world.admin).get(f"/api/v1/audit-events/?{query}").status_code == status
+    assert api(world.admin).get(f"/api/v1/audit-events/export/?{query}").status_code == status
+    client.force_login(world.admin)
+    assert client.get(f"/audit/?{query}").status_code == 200  # the console shows the form's error
+
+
+def test_alias_at_with_an_offset_postgresql_refuses_is_answered(world, api, chat_model):
+    from registry.services.lifecycle import alias_move
+    from tests.registry.conftest import advance
+
+    version = advance(register(chat_model, principal(world.alice)), principal(world.alice), "staged")
+    alias_move(actor=principal(world.alice), model=chat_model, name="stable", version=version, reason="t")
+    response = api(world.alice).get(f"{MODEL}/aliases/stable/?at=2999-01-01T00:00:00-19:38")
+    assert response.status_code == 200, response.content
+    assert response.json()["version"] == "1.0.0"
+    assert_envelope(
+        api(world.alice).get(f"{MODEL}/aliases/stable/?at=0001-01-01T00:00:00%2B05:00"), 400, "invalid"
+    )
