@@ -66,9 +66,10 @@ def _has_nul(values: QueryDict) -> bool:
 
 
 class RejectNulMiddleware:
-    """A NUL in the path, the query string (``?q=%00``) or a console form's fields is a 400 before any
-    view or query runs: path parameters, filters and form fields all reach the database. (API bodies are
-    JSON, checked by ``JSONBodyParser``; the console's forms are form-encoded, checked here, once.)"""
+    """A NUL in the path, the query string (``?q=%00``), a header or a console form's fields is a 400
+    before any view or query runs: path parameters, filters, headers such as ``Idempotency-Key`` and form
+    fields all reach the database. (API bodies are JSON, checked by ``JSONBodyParser``; the console's
+    forms are form-encoded, checked here, once.)"""
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
         self.get_response = get_response
@@ -77,6 +78,8 @@ class RejectNulMiddleware:
         api = request.path.startswith("/api/")
         if "\x00" in request.path or _has_nul(request.GET):
             where = "the address (a %00 in the path or query)"
+        elif any("\x00" in str(v) for k, v in request.META.items() if k.startswith("HTTP_")):
+            where = "a header (Idempotency-Key, Authorization…)"
         elif not api and request.method == "POST" and _has_nul(request.POST):
             where = "a form field"
         else:

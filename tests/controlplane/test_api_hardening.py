@@ -311,3 +311,12 @@ def test_alias_at_with_an_offset_postgresql_refuses_is_answered(world, api, chat
     assert_envelope(
         api(world.alice).get(f"{MODEL}/aliases/stable/?at=0001-01-01T00:00:00%2B05:00"), 400, "invalid"
     )
+
+
+@pytest.mark.parametrize("header", ["HTTP_IDEMPOTENCY_KEY", "HTTP_AUTHORIZATION", "HTTP_IF_MATCH"])
+def test_a_nul_in_a_header_is_400(world, api, header):
+    client = api() if header == "HTTP_AUTHORIZATION" else api(world.admin)
+    value = f"Bearer x{NUL}" if header == "HTTP_AUTHORIZATION" else f"k{NUL}"
+    body = {"slug": "initech", "name": "Initech", "residency": ["UK"]}
+    response = client.post("/api/v1/tenants/", body, format="json", **{header: value})
+    assert_envelope(response, 400, "malformed_request")
