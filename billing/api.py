@@ -110,7 +110,14 @@ def _group_by(request: Request) -> list[str]:
 
 
 class CostReportView(PrincipalMixin):
-    @extend_schema(responses={200: dict, (200, "text/csv"): str, **ERRORS})
+    @extend_schema(
+        responses={200: dict, (200, "text/csv"): str, **ERRORS},
+        parameters=[
+            OpenApiParameter("month", str, description="YYYY-MM; this month when absent"),
+            OpenApiParameter("group_by", str, description="comma-separated: " + ", ".join(reports.GROUPS)),
+            OpenApiParameter("export", str, enum=["csv"]),
+        ],
+    )
     def get(self, request: Request) -> Response:
         """``?month=2026-11&group_by=tenant,region,version,day[&export=csv]``: GPU cost attributed to
         tenants (operators also see idle capacity), tokens, cost per 1M tokens, the hosted-API price."""
@@ -149,7 +156,7 @@ def _csv(rows: list[dict[str, Any]], name: str) -> HttpResponse:
 
 
 class IdleView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(responses={200: dict, **ERRORS}, parameters=[OpenApiParameter("hours", int)])
     def get(self, request: Request) -> Response:
         """Deployments under the idle threshold over the last ``?hours=24``, with the monthly saving."""
         try:
@@ -166,7 +173,10 @@ class IdleView(PrincipalMixin):
 
 
 class CrosscheckView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(
+        responses={200: dict, **ERRORS},
+        parameters=[OpenApiParameter("region", str, required=True), OpenApiParameter("minutes", int)],
+    )
     def get(self, request: Request) -> Response:
         """``?region=eu-west-1&minutes=60``: gateway-recorded tokens against vLLM's counters (operators)."""
         region = region_selectors.region_get(self.principal, request.query_params.get("region", ""))

@@ -265,8 +265,13 @@ def budget_status(tenants: Iterable[Tenant], month: Report) -> list[dict[str, An
 
 
 def month_bounds(period: str) -> tuple[datetime, datetime]:
+    """The month ``2026-11`` as [start, end); ValueError for anything else, 9999-12 included (its end
+    is past the last representable date)."""
     start = datetime.strptime(period, "%Y-%m").replace(tzinfo=timezone.get_current_timezone())
-    end = (start + timedelta(days=32)).replace(day=1)
+    try:
+        end = (start + timedelta(days=32)).replace(day=1)
+    except OverflowError as exc:
+        raise ValueError(f"{period} ends past the last representable date") from exc
     return start, end
 
 

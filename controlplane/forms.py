@@ -1,5 +1,8 @@
 """Dashboard forms. They only shape input; the services decide what is allowed."""
 
+from datetime import UTC, datetime
+from typing import Any
+
 from django import forms
 from django.conf import settings
 
@@ -78,9 +81,22 @@ class TokenForm(forms.Form):
         self.fields["tenant"].choices = [("", "— unbound —"), *(tenants or [])]  # type: ignore[attr-defined]
 
 
+class UTCDateTimeField(forms.DateTimeField):
+    """A time the database can compare: converted to UTC (PostgreSQL refuses offsets past ±15:59)."""
+
+    def to_python(self, value: Any) -> datetime | None:
+        result = super().to_python(value)
+        if result is None:
+            return None
+        try:
+            return result.astimezone(UTC)
+        except OverflowError as exc:
+            raise forms.ValidationError("This time is outside the representable range.") from exc
+
+
 class AuditFilterForm(forms.Form):
     tenant = forms.CharField(required=False)
     actor = forms.CharField(required=False)
     action = forms.CharField(required=False)
-    since = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
-    until = forms.DateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    since = UTCDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))
+    until = UTCDateTimeField(required=False, widget=forms.DateTimeInput(attrs={"type": "datetime-local"}))

@@ -93,7 +93,9 @@ def deployment_create(request: HttpRequest, p: Principal) -> HttpResponse:
     data = request.POST if request.method == "POST" else request.GET
     owner = tenants.filter(slug=data.get("owner")).first() or tenants.first()
     version = versions.get(data.get("version", "")) or next(iter(versions.values()), None)
-    choices = _choices(owner, version, int(data.get("replicas") or 1)) if owner and version else []
+    raw_replicas = data.get("replicas", "")
+    replicas = min(int(raw_replicas), 64) if raw_replicas.isdigit() and int(raw_replicas) > 0 else 1
+    choices = _choices(owner, version, replicas) if owner and version else []
     form = forms.DeploymentForm(
         request.POST or None,
         owners=[(t.slug, t.slug) for t in tenants],

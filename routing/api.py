@@ -1,9 +1,10 @@
 """Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if."""
 
+import math
 from typing import Any
 
 from django.http import HttpResponse
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,12 +16,21 @@ from regions.models import Region
 from routing import exports, selectors
 from routing.models import EndpointHealth, RoutingEvent
 
+LONG_POLL = [
+    OpenApiParameter("wait", float, description="seconds to wait for a newer table (at most 30)"),
+    OpenApiParameter("If-None-Match", str, OpenApiParameter.HEADER, description="ETag you hold"),
+]
+
 
 def _wait(request: Request) -> float:
+    """Seconds to long-poll; NaN and infinity are refused (a NaN deadline never passes)."""
     try:
-        return float(request.query_params.get("wait", 0))
-    except ValueError as exc:
-        raise ValidationFailed("wait must be a number of seconds (at most 30).") from exc
+        wait = float(request.query_params.get("wait", 0))
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait):
+        raise ValidationFailed("wait must be a number of seconds (at most 30).")
+    return wait
 
 
 def _if_none_match(request: Request) -> str:
@@ -34,7 +44,7 @@ def _conditional(request: Request, etag: str, body: dict[str, Any]) -> Response:
 
 
 class RouteTableView(PrincipalMixin):
-    @extend_schema(responses={200: dict, 304: None, **ERRORS})
+    @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
         """The route table as this caller may see it (operators: all tenants). ``?wait=25`` long-polls for
         a generation newer than the one named in ``If-None-Match``."""
@@ -45,7 +55,7 @@ class RouteTableView(PrincipalMixin):
 
 
 class GatewayConfigView(PrincipalMixin):
-    @extend_schema(responses={200: dict, 304: None, **ERRORS})
+    @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
@@ -111,7 +121,9 @@ class EventsView(PrincipalMixin):
 
 
 class WhatIfView(PrincipalMixin):
-    @extend_schema(responses={200: dict, **ERRORS})
+    @extend_schema(
+        responses={200: dict, **ERRORS}, parameters=[OpenApiParameter("region", str, required=True)]
+    )
     def get(self, request: Request) -> Response:
         """``?region=eu-west-1``: which tenants and models lose service or capacity if that region fails."""
         code = request.query_params.get("region", "")

@@ -1,6 +1,16 @@
+from typing import Any
+
 import django_filters
 
+from controlplane.api.parsers import utc_instant
 from controlplane.models import AuditEvent
+
+
+class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
+    """An ISO 8601 time filter that queries in UTC, whatever offset the caller wrote."""
+
+    def filter(self, qs: Any, value: Any) -> Any:
+        return super().filter(qs, utc_instant(value, self.field_name) if value else value)
 
 
 class AuditEventFilter(django_filters.FilterSet):
@@ -11,8 +21,8 @@ class AuditEventFilter(django_filters.FilterSet):
     target_type = django_filters.CharFilter(field_name="target_type")
     target_id = django_filters.CharFilter(field_name="target_id")
     request_id = django_filters.CharFilter(field_name="request_id")
-    since = django_filters.IsoDateTimeFilter(field_name="occurred_at", lookup_expr="gte")
-    until = django_filters.IsoDateTimeFilter(field_name="occurred_at", lookup_expr="lt")
+    since = UTCDateTimeFilter(field_name="occurred_at", lookup_expr="gte")
+    until = UTCDateTimeFilter(field_name="occurred_at", lookup_expr="lt")
 
     class Meta:
         model = AuditEvent

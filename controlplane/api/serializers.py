@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from controlplane.api.conventions import StrictSerializer
@@ -19,7 +20,16 @@ from controlplane.models import (
 from controlplane.services.tenants import TENANT_FIELDS
 
 
+@extend_schema_field(
+    {"anyOf": [{"type": "string", "format": "uri"}, {"type": "string", "maxLength": 0}]},
+)
+class URLOrBlankField(serializers.URLField):
+    """A URL, or "" for none: the schema says so, as the API has always answered "" when unset."""
+
+
 class TenantSerializer(serializers.ModelSerializer):
+    budget_webhook = URLOrBlankField(read_only=True)
+
     class Meta:
         model = Tenant
         fields = [*TENANT_FIELDS, "revision", "created_at", "updated_at"]
@@ -41,7 +51,7 @@ class TenantWriteSerializer(StrictSerializer):
         child=serializers.IntegerField(min_value=1, max_value=1000), required=False, max_length=10
     )
     budget_hard_limit = serializers.BooleanField(required=False)
-    budget_webhook = serializers.URLField(required=False, allow_blank=True)
+    budget_webhook = URLOrBlankField(required=False, allow_blank=True)
     requests_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     tokens_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
 

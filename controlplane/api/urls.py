@@ -1,3 +1,6 @@
+from typing import Any
+
+from django.db import models
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
@@ -5,7 +8,25 @@ from controlplane.api import views
 
 app_name = "api"
 
-router = SimpleRouter()
+UUID_PATTERN = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+
+
+class TypedLookupRouter(SimpleRouter):
+    """Detail routes keyed by the primary key match only keys of its type (digits for integer keys, a
+    UUID for UUID keys), so ``/tokens/abc/`` or ``/operations/not-a-uuid/`` is a 404 before a view or
+    query runs, on every viewset registered here."""
+
+    def get_lookup_regex(self, viewset: Any, lookup_prefix: str = "") -> str:
+        if getattr(viewset, "lookup_value_regex", None) is None and viewset.lookup_field == "pk":
+            pk = viewset.serializer_class.Meta.model._meta.pk
+            if isinstance(pk, models.UUIDField):
+                viewset.lookup_value_regex = UUID_PATTERN
+            elif isinstance(pk, models.AutoField | models.BigAutoField | models.IntegerField):
+                viewset.lookup_value_regex = "[0-9]+"
+        return super().get_lookup_regex(viewset, lookup_prefix)
+
+
+router = TypedLookupRouter()
 router.register("tenants", views.TenantViewSet, basename="tenant")
 router.register(r"tenants/(?P<tenant_slug>[-\w]+)/members", views.MemberViewSet, basename="member")
 router.register(

@@ -79,7 +79,7 @@ class TenantViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewS
         parameters=[OpenApiParameter("If-Match", str, OpenApiParameter.HEADER, description="ETag from GET")],
     )
     def partial_update(self, request: Request, slug: str) -> Response:
-        tenant = selectors.tenant_get(self.principal, slug)
+        tenant = selectors.tenant_get(self.principal, slug, None)
         data = s.TenantUpdateSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         tenant = tenants.tenant_update(

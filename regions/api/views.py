@@ -4,6 +4,7 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
+from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -11,9 +12,10 @@ from controlplane import selectors as core_selectors
 from controlplane.api.conventions import idempotent
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.choices import Scope
-from controlplane.errors import ValidationFailed
+from controlplane.errors import Conflict, ValidationFailed
 from regions import selectors
 from regions.api import serializers as s
+from regions.drivers.base import DriverError
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, Region
 from regions.services import deployments, placement, regions
@@ -128,17 +130,32 @@ class DeploymentEventsView(DeploymentScoped):
 
 
 def manifests_of(deployment: Deployment) -> dict[str, str]:
-    """The rendered workload per region: Kubernetes YAML, or the engine command line for process regions."""
-    return {
-        t.region.code: driver_for(t.region).render(workload_spec(t))
-        for t in deployment.targets.select_related("region").exclude(status="deleted")
-    }
+    """The rendered workload per region: Kubernetes YAML, or the engine command line for process regions.
+    A region that cannot serve the version's artifact (an ``s3://`` version on a process region without
+    an object store) makes it a 409 naming the region and the reason."""
+    rendered = {}
+    for t in deployment.targets.select_related("region").exclude(status="deleted"):
+        try:
+            rendered[t.region.code] = driver_for(t.region).render(workload_spec(t))
+        except DriverError as exc:
+            raise Conflict(
+                f"No manifest for region {t.region.code}: {exc}", code="manifest_unavailable"
+            ) from exc
+    return rendered
 
 
 class DeploymentManifestView(DeploymentScoped):
     @extend_schema(responses={200: dict})
     def get(self, request: Request, owner: str, name: str) -> Response:
         return Response(manifests_of(self.deployment(owner, name)))
+
+
+def _replicas_param(raw: str) -> int:
+    field = s.DeploymentWriteSerializer().fields["replicas"]
+    try:
+        return int(field.run_validation(raw))
+    except DRFValidationError as exc:
+        raise ValidationFailed(f"replicas={raw!r}: {' '.join(map(str, exc.detail))}") from exc
 
 
 class PlacementView(PrincipalMixin):
@@ -152,12 +169,12 @@ class PlacementView(PrincipalMixin):
         params = request.query_params
         if not all(params.get(p) for p in ("owner", "model", "version")) or "/" not in params["model"]:
             raise ValidationFailed("Give owner, model (owner/name) and version.")
+        replicas = _replicas_param(params.get("replicas") or "1")
         tenant = core_selectors.tenant_get(self.principal, params["owner"], Scope.DEPLOYMENTS_READ)
         model = registry_selectors.model_get(self.principal, *params["model"].split("/", 1))
         version = registry_selectors.version_get(model, params["version"])
         all_regions = list(Region.objects.prefetch_related("gpu_pools"))
         gpu_type, gpu_count = placement.default_gpu(version, all_regions)
-        replicas = int(params.get("replicas") or 1)
         choices = placement.region_choices(
             tenant=tenant, version=version, gpu_type=gpu_type, gpu_count=gpu_count, replicas=replicas
         )

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 
 from controlplane import selectors as core_selectors
 from controlplane.api.conventions import etag, expected_revision, idempotent
+from controlplane.api.parsers import utc_instant
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.errors import ValidationFailed
 from registry import selectors
@@ -200,12 +201,15 @@ class AliasListView(ModelScoped):
 
 
 def _parse_at(raw: str) -> datetime:
-    at = parse_datetime(raw)
+    try:
+        at = parse_datetime(raw)
+    except ValueError:  # well-formed but impossible: month 13, offset +25:00
+        at = None
     if at is None or at.tzinfo is None:
         raise ValidationFailed(
             f"at={raw!r} is not an ISO 8601 time with a time zone, e.g. 2026-11-03T14:00:00Z."
         )
-    return at
+    return utc_instant(at, "at")
 
 
 class AliasDetailView(ModelScoped):
