@@ -9,7 +9,7 @@ CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "tenants & access",
         "Tenants and their members, users, service accounts, API tokens, who am I.",
-        ("tenants/", "users/", "me/", "service-accounts/", "tokens/"),
+        ("tenants/", "invitations/", "users/", "me/", "service-accounts/", "tokens/"),
     ),
     (
         "registry",

@@ -17,8 +17,10 @@ class TypedLookupRouter(SimpleRouter):
     query runs, on every viewset registered here."""
 
     def get_lookup_regex(self, viewset: Any, lookup_prefix: str = "") -> str:
-        if getattr(viewset, "lookup_value_regex", None) is None and viewset.lookup_field == "pk":
-            pk = viewset.serializer_class.Meta.model._meta.pk
+        model = getattr(getattr(getattr(viewset, "serializer_class", None), "Meta", None), "model", None)
+        keyed_by_pk = getattr(viewset, "lookup_field", "pk") == "pk"
+        if getattr(viewset, "lookup_value_regex", None) is None and keyed_by_pk and model is not None:
+            pk = model._meta.pk
             if isinstance(pk, models.UUIDField):
                 viewset.lookup_value_regex = UUID_PATTERN
             elif isinstance(pk, models.AutoField | models.BigAutoField | models.IntegerField):
