@@ -73,15 +73,19 @@ def collect_garbage(retention: timedelta) -> list[str]:
             ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(
                 bytes_copied=0, finished_at=None, upload_ids={}, updated_at=timezone.now()
             )
-            audit_record(
-                actor=SYSTEM,
-                action="artifact.replica_deleted",
-                target=replica.version,
-                tenant=replica.version.model.owner,
-                message=f"{replica.region.code}: {replica.last_error}",
-            )
+            _audit_deleted(replica, replica.last_error)
         removed.append(str(replica))
     return removed
+
+
+def _audit_deleted(replica: ArtifactReplica, reason: str) -> None:
+    audit_record(
+        actor=SYSTEM,
+        action="artifact.replica_deleted",
+        target=replica.version,
+        tenant=replica.version.model.owner,
+        message=f"{replica.region.code}: {reason}",
+    )
 
 
 def _delete_blobs(replica: ArtifactReplica) -> None:
@@ -106,13 +110,7 @@ def _collect_retired(cutoff: datetime) -> list[str]:
         _delete_blobs(replica)
         with transaction.atomic():
             ArtifactReplica.objects.filter(pk=replica.pk).delete()
-            audit_record(
-                actor=SYSTEM,
-                action="artifact.replica_deleted",
-                target=replica.version,
-                tenant=replica.version.model.owner,
-                message=f"{replica.region.code}: retired",
-            )
+            _audit_deleted(replica, "retired")
         removed.append(str(replica))
     return removed
 
