@@ -13,7 +13,7 @@ from controlplane.choices import AuditSource, Scope
 from controlplane.errors import Conflict
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
-from regions.artifacts.replication import blobs_of, enforce_residency, replica_for
+from regions.artifacts.replication import LEASE, blobs_of, enforce_residency, replica_for
 from regions.artifacts.stores import blob_key, store_from_config
 from regions.choices import DeploymentState, ReplicaState
 from regions.models import ArtifactReplica, Deployment, Region
@@ -68,14 +68,32 @@ def collect_garbage(retention: timedelta) -> list[str]:
         .filter(Q(bytes_copied__gt=0) | Q(finished_at__isnull=False) | ~Q(upload_ids={}))
         .select_related("version__model__owner", "region")
     ):
-        _delete_blobs(replica)
+        if not _claim_for_deletion(replica):
+            continue  # a copy or another collector holds it
+        try:
+            _delete_blobs(replica)
+        except Exception:
+            ArtifactReplica.objects.filter(pk=replica.pk).update(lease_until=None)  # the next pass retries
+            raise
         with transaction.atomic():
-            ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(
-                bytes_copied=0, finished_at=None, upload_ids={}, updated_at=timezone.now()
+            ArtifactReplica.objects.filter(pk=replica.pk).update(
+                bytes_copied=0, finished_at=None, upload_ids={}, lease_until=None, updated_at=timezone.now()
             )
             _audit_deleted(replica, replica.last_error)
         removed.append(str(replica))
     return removed
+
+
+def _claim_for_deletion(replica: ArtifactReplica) -> bool:
+    """Take the copy lease of a forbidden replica before deleting its bytes: a policy widened meanwhile
+    reopens the replica, but its copy cannot start (and find half-deleted blobs "already there") until
+    the lease is released."""
+    now = timezone.now()
+    return bool(
+        ArtifactReplica.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=replica.pk)
+        .filter(state=ReplicaState.FORBIDDEN)
+        .update(lease_until=now + LEASE, updated_at=now)
+    )
 
 
 def _audit_deleted(replica: ArtifactReplica, reason: str) -> None:

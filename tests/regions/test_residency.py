@@ -134,3 +134,40 @@ def enqueued_nothing(monkeypatch):  # type: ignore[no-untyped-def]
     sent: list[int] = []
     monkeypatch.setattr(tasks.replicate_artifact, "delay", sent.append)
     return sent
+
+
+def test_a_copy_cannot_start_while_garbage_collection_deletes_a_forbidden_replicas_bytes(
+    world, eu_private, make_region, tmp_path, monkeypatch
+):
+    """GC claims the forbidden replica before deleting its bytes: a residency widened meanwhile reopens it,
+    but no copy may start (and find the half-deleted blobs "already there") until the deletion is done."""
+    from datetime import timedelta
+
+    from regions.artifacts import replication, services
+
+    world.tenant_a.residency = ["EU", "CH", "US"]
+    world.tenant_a.save()
+    us = stored_region(make_region, tmp_path, "us-east-1", "US")
+    assert replicate(replica_for(eu_private, us).pk).state == "ready"
+    world.tenant_a.residency = ["EU", "CH"]
+    world.tenant_a.save()
+    resume_replication()
+    replica = ArtifactReplica.objects.get(region=us)
+    assert replica.state == "forbidden"
+
+    seen: list[bool] = []
+    delete = services._delete_blobs
+
+    def widened_while_deleting(target: ArtifactReplica) -> None:
+        world.tenant_a.residency = ["EU", "CH", "US"]
+        world.tenant_a.save()
+        replication._reopen(target)  # what the periodic pass does on a widened policy
+        seen.append(replication._claim(ArtifactReplica.objects.get(pk=target.pk)))
+        delete(target)
+
+    monkeypatch.setattr(services, "_delete_blobs", widened_while_deleting)
+    collect_garbage(timedelta(days=7))
+    assert seen == [False]  # no copy claimed the replica while its bytes were being deleted
+    after = ArtifactReplica.objects.get(pk=replica.pk)
+    assert after.state == "pending" and after.lease_until is None and after.bytes_copied == 0
+    assert replicate(after.pk).state == "ready" and holds(us, eu_private.artifact_sha256)
