@@ -177,7 +177,12 @@ class GatewayWorld:
     def __init__(self, state_dir: Path, **extra: Any):
         self.engine = FakeEngine().start()
         self.control = FakeControlPlane(route_table(self.engine.url)).start()
+        # The loop runs on a thread of its own: the main thread may already have a running loop (Playwright's
+        # sync API keeps one there while a session-scoped browser is open), and run_until_complete refuses
+        # to start a second loop in a thread that has one.
         self.loop = asyncio.new_event_loop()
+        self.loop_thread = threading.Thread(target=self.loop.run_forever, name="gateway-loop", daemon=True)
+        self.loop_thread.start()
         self.gateway = Gateway(settings(state_dir, self.control.url, **extra))
         self.gateway.routes.body = self.control.table
         getattr(self.gateway.usage, "open", lambda: None)()
@@ -187,7 +192,7 @@ class GatewayWorld:
         return aiohttp.ClientSession(auto_decompress=False)
 
     def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=300)
 
     def call(
         self,
@@ -254,4 +259,6 @@ class GatewayWorld:
         getattr(self.gateway.usage, "close", lambda: None)()
         self.engine.server.shutdown()
         self.control.server.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.loop_thread.join(timeout=10)
         self.loop.close()
