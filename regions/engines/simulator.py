@@ -56,6 +56,33 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, len(str(text)) // 4)
 
 
+def _refusal(body: Any, path: str, max_model_len: int) -> str | None:
+    """Why vLLM would answer 400 (its request validation), or None: a malformed body is a client error,
+    never a dropped connection, and no ``max_tokens`` may make the engine build an unbounded answer."""
+    if not isinstance(body, dict):
+        return "The request body must be a JSON object."
+    if path not in {"/v1/chat/completions", "/v1/completions"}:
+        return None
+    if path == "/v1/chat/completions":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            return "'messages' must be a list of message objects."
+    elif not isinstance(body.get("prompt", ""), str | list):
+        return "'prompt' must be a string or a list."
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        return None
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        return f"max_tokens must be an integer of at least 1, got {max_tokens!r}."
+    requested = _prompt_tokens(body) + max_tokens
+    if requested > max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+            f"{requested} tokens ({requested - max_tokens} in the messages, {max_tokens} in the completion)."
+        )
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     engine: Engine
     protocol_version = "HTTP/1.1"
@@ -105,6 +132,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(
                 400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}}
             )
+        if refused := _refusal(body, self.path, self.engine.max_model_len):
+            return self._json(400, {"error": {"message": refused, "type": "BadRequestError", "code": 400}})
         if body.get("model") not in (None, self.engine.name):
             message = f"The model `{body.get('model')}` does not exist."
             return self._json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
