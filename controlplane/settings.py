@@ -58,6 +58,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "controlplane.observability.RequestContextMiddleware",
+    "controlplane.api.parsers.RejectOversizedBodyMiddleware",
     "controlplane.api.parsers.RejectNulMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",

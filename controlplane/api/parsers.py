@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import render
 from rest_framework.exceptions import ParseError
@@ -90,6 +91,29 @@ class RejectNulMiddleware:
 
             return JsonResponse(envelope("malformed_request", message), status=400)
         return render(request, "error.html", {"status": 400, "message": message}, status=400)
+
+
+class RejectOversizedBodyMiddleware:
+    """A body whose declared length is over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is a 413 before anything reads
+    it (Django would read up to the limit, then answer a bare 400 and log a traceback at ERROR)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
+        if limit is None or declared <= limit:
+            return self.get_response(request)
+        message = f"The request body is {declared} bytes; at most {limit} are accepted."
+        if request.path.startswith("/api/"):
+            from controlplane.api.conventions import envelope
+
+            return JsonResponse(envelope("request_too_large", message), status=413)
+        return render(request, "error.html", {"status": 413, "message": message}, status=413)
 
 
 def utc_instant(at: datetime, name: str) -> datetime:

@@ -1,7 +1,6 @@
 """Hostile or malformed input answers 4xx with the error envelope, never 500 (issue 11, section 7)."""
 
 import pytest
-from django.db import connection
 
 from controlplane.choices import READ_SCOPES
 from tests.conftest import principal
@@ -191,9 +190,17 @@ def test_deeply_nested_json_is_400(world, api):
     assert_envelope(response, 400, "malformed_request")
 
 
-def test_nul_tests_run_on_postgresql_in_ci():
-    """The NUL tests matter most on PostgreSQL (which cannot store NUL); they pass on both."""
-    assert connection.vendor in {"sqlite", "postgresql"}
+def test_a_body_over_the_upload_limit_is_413_before_it_is_read(world, api, client, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024
+    body = '{"name": "' + "x" * 4096 + '", "scopes": ["registry:read"]}'
+    assert_envelope(
+        api(world.alice).post("/api/v1/tokens/", body, content_type="application/json"),
+        413,
+        "request_too_large",
+    )
+    client.force_login(world.alice)
+    page = client.post("/tokens/", {"name": "x" * 4096, "owner": "me", "scopes": ["registry:read"]})
+    assert page.status_code == 413 and b"at most 1024" in page.content
 
 
 # --- a principal who may see the tenant but lacks the scope gets 403, not 404 ----------------------
