@@ -15,6 +15,9 @@ Usage is billing data, so a record is never dropped while disk remains:
   reason, is counted, and the rest ship. Other failures (down, 5xx, 401) keep everything for a retry.
 - Each gateway process claims a slot with an exclusive ``flock``, so ``--workers N`` never share a file
   and a restarted process takes over (and replays) the slot a dead one left.
+- A slot no live process holds is adopted (at startup and every ``ADOPT_EVERY`` shipping rounds): the
+  process takes its lock, ships its backlog in order after its own, then deletes its emptied files and
+  releases it. So running fewer workers than before (``--workers 2`` then 1) loses nothing.
 """
 
 import asyncio
@@ -35,7 +38,9 @@ BATCH = 500
 SEGMENT_BYTES = 16 * 2**20  # a segment past this is closed and a new one started
 ROTATE_WHEN_CAUGHT_UP = 2**20  # a shipped segment this big is closed at once so its disk is freed
 REFUSED = (400, 422)
+ADOPT_EVERY = 30  # shipping rounds (about a second each) between looks for orphaned slots
 _INDEX = re.compile(r"records\[(\d+)\]")
+_SEGMENT = re.compile(r"usage-(\d+)-(\d+)\.spool")
 
 
 class UsageShipper:
@@ -46,11 +51,17 @@ class UsageShipper:
         self.counts = {"spooled": 0, "shipped": 0, "quarantined": 0, "write_errors": 0}
         self.backlog = 0
         self.lock: IO[str] | None = None
+        self.adopted: list[UsageShipper] = []  # orphaned slots this process is shipping
 
     def open(self) -> None:
         """Claim a slot and take over its spool (at startup, not at import: workers each claim one)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.slot, self.lock = _claim_slot(self.dir)
+        self._take(*_claim_slot(self.dir))
+        self.adopt_orphans()
+
+    def _take(self, slot: int, lock: IO[str]) -> None:
+        """Open the spool of a slot whose lock this process holds, from the offset it had reached."""
+        self.slot, self.lock = slot, lock
         self.offset_path = self.dir / f"usage-{self.slot}.offset"
         self.quarantine_path = self.dir / f"usage-{self.slot}.quarantine"
         self.read_seq, self.read_at = self._load_offset()
@@ -65,6 +76,33 @@ class UsageShipper:
         self.writer: IO[bytes] = self._segment(self.write_seq).open("ab")
         self.backlog += sum(self._unshipped_lines(seq) for seq in segments if seq >= self.read_seq)
         self._write_memory()  # anything recorded before the spool was open
+
+    def adopt_orphans(self) -> None:
+        """Take over every slot that has spool segments and no live process (fewer workers than before,
+        or a worker that died and was not replaced); its records ship after this slot's own."""
+        if self.lock is None:
+            return
+        held = {self.slot, *(orphan.slot for orphan in self.adopted)}
+        for slot in sorted(_spooled_slots(self.dir) - held):
+            lock = _try_lock(self.dir, slot)
+            if lock is None:
+                continue  # a live process has it
+            orphan = UsageShipper(self.settings)
+            orphan.counts = self.counts  # one set of counters per process
+            orphan._take(slot, lock)
+            log.warning("adopted usage spool slot %s (%s records to ship)", slot, orphan.backlog)
+            self.adopted.append(orphan)
+
+    def _release(self) -> None:
+        """Done with an adopted slot: delete its shipped files (never the lock file) and let it go."""
+        assert self.lock is not None
+        self.writer.close()
+        if self.backlog <= 0 and not self.memory:
+            for seq in self._segments():
+                self._segment(seq).unlink(missing_ok=True)
+            self.offset_path.unlink(missing_ok=True)
+        self.lock.close()
+        self.lock = None
 
     # --- writing ---------------------------------------------------------------------------------------
     def record(self, usage: dict[str, Any]) -> None:
@@ -107,6 +145,13 @@ class UsageShipper:
         """Ship the next batch in order; the number of records it took off the spool."""
         if self.lock is None:
             return 0
+        for orphan in list(self.adopted):  # an orphan's records are older than anything written now
+            count = await orphan.ship_once(session)
+            if count:
+                return count
+            if orphan.backlog <= 0 and not orphan.memory:
+                orphan._release()
+                self.adopted.remove(orphan)
         self._write_memory()
         while True:
             lines, end = self._read_batch()
@@ -176,8 +221,12 @@ class UsageShipper:
         log.error("usage record quarantined in %s: %s", self.quarantine_path, reason[:200])
 
     async def ship_forever(self, session: aiohttp.ClientSession) -> None:
+        rounds = 0
         while True:
             try:
+                rounds += 1
+                if rounds % ADOPT_EVERY == 0:
+                    self.adopt_orphans()
                 self.sync()
                 while await self.ship_once(session) == BATCH:
                     pass
@@ -253,11 +302,18 @@ class UsageShipper:
         if self.lock is None:
             return {"backlog": self.backlog, "spool_bytes": 0, **self.counts}
         spool_bytes = sum(self._segment(s).stat().st_size for s in self._segments()) - self.read_at
-        return {"backlog": self.backlog, "spool_bytes": max(0, spool_bytes), **self.counts}
+        backlog, spool_bytes = self.backlog, max(0, spool_bytes)
+        for orphan in self.adopted:
+            backlog += orphan.backlog
+            spool_bytes += orphan.stats()["spool_bytes"]
+        return {"backlog": backlog, "spool_bytes": spool_bytes, **self.counts}
 
     def close(self) -> None:
         if self.lock is None:
             return
+        for orphan in self.adopted:  # unshipped records stay in its files for whoever adopts it next
+            orphan._release()
+        self.adopted = []
         self.sync()
         self.writer.close()
         self.lock.close()
@@ -268,13 +324,26 @@ def _claim_slot(directory: Path) -> tuple[int, IO[str]]:
     """The first slot no live process holds (the lock goes with the process, however it ends)."""
     slot = 0
     while True:
-        lock = (directory / f"usage-{slot}.lock").open("w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock = _try_lock(directory, slot)
+        if lock is not None:
             return slot, lock
-        except BlockingIOError:
-            lock.close()
-            slot += 1
+        slot += 1
+
+
+def _try_lock(directory: Path, slot: int) -> IO[str] | None:
+    """The slot's lock, if no live process holds it."""
+    lock = (directory / f"usage-{slot}.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+def _spooled_slots(directory: Path) -> set[int]:
+    """Every slot with a spool segment on disk."""
+    return {int(m.group(1)) for p in directory.glob("usage-*-*.spool") if (m := _SEGMENT.fullmatch(p.name))}
 
 
 def _refused_index(reason: str, size: int) -> int | None:

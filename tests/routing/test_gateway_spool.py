@@ -205,3 +205,47 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
         finally:
             gateway.usage.SEGMENT_BYTES, gateway.usage.BATCH = saved
             gw.close()
+
+
+def test_fewer_workers_after_a_restart_still_ship_every_slots_records(gw):
+    """Two workers spooled under slots 0 and 1; restarted with one worker, slot 1 is adopted and shipped."""
+    gw.control.down = True
+    first = gw.gateway.usage
+    second = UsageShipper(gw.gateway.settings)
+    second.open()  # the second worker: slot 0 is held, so it takes slot 1
+    assert (first.slot, second.slot) == (0, 1)
+    send(gw, 4)
+    gw.gateway.usage = second
+    send(gw, 3, start=4)
+    gw.gateway.usage = first
+    send(gw, 2, start=7)
+    second.close()  # both workers stop (the second first, as it would during a shutdown)
+    restart(gw)  # one worker now
+    assert gw.gateway.usage.slot == 0
+    assert gw.gateway.usage.stats()["backlog"] == 9
+    gw.control.down = False
+    assert gw.ship() == 9
+    assert sorted(shipped(gw), key=lambda c: int(c[1:])) == [f"c{n}" for n in range(9)]
+    assert len(set(shipped(gw))) == 9
+    assert not list(gw.gateway.usage.dir.glob("usage-1-*.spool"))  # the adopted slot is emptied
+    restart(gw)
+    assert gw.ship() == 0 and len(gw.control.records) == 9  # nothing twice
+
+
+def test_a_slot_orphaned_while_running_is_adopted_periodically(gw):
+    gw.control.down = True
+    other = UsageShipper(gw.gateway.settings)
+    other.open()
+    gw.gateway.usage, mine = other, gw.gateway.usage
+    send(gw, 3)
+    gw.gateway.usage = mine
+    other.close()  # that worker died; this one was already running
+    gw.control.down = False
+    assert gw.ship() == 0  # not adopted yet
+    gw.gateway.usage.adopt_orphans()
+    assert gw.gateway.usage.stats()["backlog"] == 3
+    assert gw.ship() == 3 and shipped(gw) == ["c0", "c1", "c2"]
+    again = UsageShipper(gw.gateway.settings)
+    again.open()  # the adopted slot was released once shipped: a new worker can claim it
+    assert again.slot == 1
+    again.close()
