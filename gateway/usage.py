@@ -5,7 +5,9 @@ Usage is billing data, so a record is never dropped while disk remains:
 - ``record()`` appends one JSON line to the current spool segment (``usage-<slot>-<seq>.spool`` under the
   gateway's state dir) and flushes it to the kernel, so a killed process loses nothing; the shipping loop
   fsyncs about once a second (a power cut loses at most that second). If the disk refuses the write, the
-  line is kept in memory and written (or shipped) as soon as it can be.
+  line is kept in memory and written (or shipped) as soon as it can be; the segment is first truncated
+  back to the end of its last whole write (or, if even that fails, a new segment is started), so a
+  write that failed halfway never leaves a fragment for the retried lines to be glued to.
 - The shipper reads the oldest segment from the offset it has reached (``usage-<slot>.offset``: segment
   and byte), posts up to ``BATCH`` records, then advances the offset; a fully shipped segment that is no
   longer written to is deleted. A restart replays from the offset, in order; a batch re-sent after a
@@ -21,6 +23,8 @@ Usage is billing data, so a record is never dropped while disk remains:
 """
 
 import asyncio
+import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -52,6 +56,8 @@ class UsageShipper:
         self.backlog = 0
         self.lock: IO[str] | None = None
         self.adopted: list[UsageShipper] = []  # orphaned slots this process is shipping
+        self.good_at = 0  # the end of the last whole line in the segment being written
+        self.torn = False  # a failed write may have left a fragment after good_at
 
     def open(self) -> None:
         """Claim a slot and take over its spool (at startup, not at import: workers each claim one)."""
@@ -73,7 +79,7 @@ class UsageShipper:
         self.write_seq = max([*segments, self.read_seq]) + 1  # never append after a torn line
         if not segments:
             self.read_seq, self.read_at = self.write_seq, 0
-        self.writer: IO[bytes] = self._segment(self.write_seq).open("ab")
+        self._open_writer()
         self.backlog += sum(self._unshipped_lines(seq) for seq in segments if seq >= self.read_seq)
         self._write_memory()  # anything recorded before the spool was open
 
@@ -114,21 +120,45 @@ class UsageShipper:
     def _write_memory(self) -> None:
         if not self.memory or self.lock is None:
             return
+        written = len(self.memory)
+        data = memoryview(b"".join(self.memory))
         try:
-            if self.writer.tell() > SEGMENT_BYTES:
+            if self.torn:
+                self._untear()
+            if self.good_at > SEGMENT_BYTES:
                 self._rotate()
-            self.writer.write(b"".join(self.memory))
-            self.writer.flush()
+            while data:  # unbuffered: what the disk took is on it, nothing waits in a buffer
+                took = self.writer.write(data)
+                if not took:
+                    raise OSError(errno.EIO, "the spool segment took no bytes")
+                data = data[took:]
         except OSError as exc:  # disk full or gone: keep the lines in memory, never drop them
             self.counts["write_errors"] += 1
+            self.torn = True
             log.error("usage spool write failed (%s records in memory): %s", len(self.memory), exc)
+            with contextlib.suppress(OSError):
+                self._untear()
             return
-        self.memory.clear()
+        self.good_at += sum(len(line) for line in self.memory[:written])
+        del self.memory[:written]
+
+    def _untear(self) -> None:
+        """Cut what a failed write left after the last whole line (a new segment if the cut fails)."""
+        try:
+            os.truncate(self._segment(self.write_seq), self.good_at)
+        except OSError:
+            self._rotate()  # the reader quarantines the old segment's fragment; its lines are in memory
+        self.torn = False
 
     def _rotate(self) -> None:
         self.writer.close()
         self.write_seq += 1
-        self.writer = self._segment(self.write_seq).open("ab")
+        self._open_writer()
+
+    def _open_writer(self) -> None:
+        self.writer: IO[bytes] = self._segment(self.write_seq).open("ab", buffering=0)
+        self.good_at = self.writer.seek(0, os.SEEK_END)
+        self.torn = False
 
     def sync(self) -> None:
         """fsync what was written: what a power cut (not a mere crash) would otherwise lose."""
@@ -137,7 +167,7 @@ class UsageShipper:
         self._write_memory()
         try:
             os.fsync(self.writer.fileno())
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: no segment open (the disk refused a new one)
             log.error("usage spool fsync failed: %s", exc)
 
     # --- shipping --------------------------------------------------------------------------------------
@@ -168,8 +198,13 @@ class UsageShipper:
         if self.memory:  # the disk refuses writes: ship straight from memory, after everything on disk
             taken = self.memory[:BATCH]
             await self._deliver(session, taken)
-            del self.memory[: len(taken)]
-            return self._shipped(len(taken))
+            # record() may have run meanwhile, written memory to disk (those lines ship from there) and
+            # added newer lines: remove exactly the shipped lines that are still here.
+            shipped = {id(line) for line in taken}
+            kept = [line for line in self.memory if id(line) not in shipped]
+            self.backlog -= len(self.memory) - len(kept)
+            self.memory = kept
+            return len(taken)
         return 0
 
     def _shipped(self, count: int) -> int:

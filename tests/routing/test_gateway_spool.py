@@ -249,3 +249,65 @@ def test_a_slot_orphaned_while_running_is_adopted_periodically(gw):
     again.open()  # the adopted slot was released once shipped: a new worker can claim it
     assert again.slot == 1
     again.close()
+
+
+class FlakyDisk:
+    """A spool writer whose write puts the first half of the data on disk, then fails (disk full)."""
+
+    def __init__(self, real):  # type: ignore[no-untyped-def]
+        self.real, self.failing = real, False
+
+    def write(self, data: bytes) -> int:
+        if self.failing:
+            self.real.write(bytes(data[: len(data) // 2]))
+            self.real.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real.write(data)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.real, name)
+
+
+def test_a_write_that_fails_halfway_leaves_no_torn_line_when_the_disk_recovers(gw):
+    disk = FlakyDisk(gw.gateway.usage.writer)
+    gw.gateway.usage.writer = disk
+    send(gw, 1)
+    disk.failing = True
+    send(gw, 2, start=1)  # half of the batch reached the file, then the disk filled up
+    assert gw.gateway.usage.stats()["write_errors"] == 2
+    disk.failing = False
+    send(gw, 1, start=3)  # the disk recovered: the kept lines are written whole
+    assert gw.ship() == 4
+    assert shipped(gw) == ["c0", "c1", "c2", "c3"]
+    assert gw.gateway.usage.stats()["quarantined"] == 0 and gw.gateway.usage.stats()["backlog"] == 0
+
+
+def test_records_written_while_memory_is_being_shipped_are_not_lost(gw):
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def tell(self) -> int:
+            return 0
+
+    usage = gw.gateway.usage
+    healthy, usage.writer = usage.writer, FullDisk()
+    send(gw, 2)
+    assert len(usage.memory) == 2
+    deliver, once = usage._deliver, [True]
+
+    async def deliver_while_recording(session, lines):  # type: ignore[no-untyped-def]
+        template = json.loads(lines[0])
+        if once.pop() if once else False:
+            usage.writer = healthy  # the disk recovers while the memory batch is in flight
+            usage.record({**template, "request_id": "r2", "client_request_id": "c2"})
+            usage.writer = FullDisk()  # and fails again
+            usage.record({**template, "request_id": "r3", "client_request_id": "c3"})
+        await deliver(session, lines)
+
+    usage._deliver = deliver_while_recording
+    gw.ship()
+    usage._deliver, usage.writer = deliver, healthy
+    gw.ship()
+    assert sorted(shipped(gw)) == ["c0", "c1", "c2", "c3"]  # each once (the control plane dedups)
+    assert usage.stats()["backlog"] == 0 and usage.memory == []
