@@ -156,10 +156,40 @@ def test_a_line_torn_by_a_crash_is_quarantined_and_the_rest_replayed(gw):
     assert "torn" in gw.gateway.usage.quarantine_path.read_text()
 
 
+class FlakyDisk:
+    """A spool writer whose write puts the first half of the data on disk, then fails (disk full)."""
+
+    def __init__(self, real):  # type: ignore[no-untyped-def]
+        self.real, self.failing = real, False
+
+    def write(self, data: bytes) -> int:
+        if self.failing:
+            self.real.write(bytes(data[: len(data) // 2]))
+            self.real.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real.write(data)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.real, name)
+
+
+def flaky(gw, failing: bool) -> None:  # type: ignore[no-untyped-def]
+    usage = gw.gateway.usage
+    if not isinstance(usage.writer, FlakyDisk):
+        usage.writer = FlakyDisk(usage.writer)
+    usage.writer.failing = failing
+    if not failing:
+        usage.sync()  # the disk is back: memory is written at the next record or sync
+
+
 actions = st.lists(
     st.one_of(
         st.tuples(st.just("send"), st.integers(1, 12)),
-        st.tuples(st.sampled_from(["down", "up", "lose_replies", "restart", "ship", "refuse_next"])),
+        st.tuples(
+            st.sampled_from(
+                ["down", "up", "lose_replies", "restart", "ship", "refuse_next", "disk_fails", "disk_ok"]
+            )
+        ),
     ),
     max_size=14,
 )
@@ -185,7 +215,10 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
                 elif step[0] in ("down", "up", "lose_replies"):
                     gw.control.down, gw.control.lose_replies = step[0] == "down", step[0] == "lose_replies"
                 elif step[0] == "restart":
+                    flaky(gw, failing=False)  # a graceful restart: memory is written first
                     restart(gw)
+                elif step[0] in ("disk_fails", "disk_ok"):  # halfway writes, then a full disk
+                    flaky(gw, failing=step[0] == "disk_fails")
                 elif step[0] == "refuse_next":
                     refused.add(f"c{sent}")
                 else:
@@ -193,6 +226,7 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
                         gw.ship()
                 gw.control.refuse = lambda record: record["client_request_id"] in refused
             gw.control.down = gw.control.lose_replies = False
+            flaky(gw, failing=False)
             gw.ship()
             expected = [f"c{n}" for n in range(sent) if f"c{n}" not in refused]
             assert shipped(gw) == expected  # each once (the control plane dedups a re-sent batch), in order
@@ -249,23 +283,6 @@ def test_a_slot_orphaned_while_running_is_adopted_periodically(gw):
     again.open()  # the adopted slot was released once shipped: a new worker can claim it
     assert again.slot == 1
     again.close()
-
-
-class FlakyDisk:
-    """A spool writer whose write puts the first half of the data on disk, then fails (disk full)."""
-
-    def __init__(self, real):  # type: ignore[no-untyped-def]
-        self.real, self.failing = real, False
-
-    def write(self, data: bytes) -> int:
-        if self.failing:
-            self.real.write(bytes(data[: len(data) // 2]))
-            self.real.flush()
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return self.real.write(data)
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        return getattr(self.real, name)
 
 
 def test_a_write_that_fails_halfway_leaves_no_torn_line_when_the_disk_recovers(gw):
