@@ -328,3 +328,33 @@ def test_records_written_while_memory_is_being_shipped_are_not_lost(gw):
     gw.ship()
     assert sorted(shipped(gw)) == ["c0", "c1", "c2", "c3"]  # each once (the control plane dedups)
     assert usage.stats()["backlog"] == 0 and usage.memory == []
+
+
+def test_the_shipping_loop_looks_for_orphaned_slots(tmp_path, monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(gateway.usage, "ADOPT_EVERY", 2)
+    gw = GatewayWorld(tmp_path, usage_interval_seconds=0.01)
+    try:
+        gw.control.down = True
+        other = UsageShipper(gw.gateway.settings)
+        other.open()
+        gw.gateway.usage, mine = other, gw.gateway.usage
+        send(gw, 3)
+        gw.gateway.usage = mine
+        other.close()  # that worker died after this one started
+        gw.control.down = False
+
+        async def ship_for_a_while() -> None:
+            task = asyncio.create_task(mine.ship_forever(gw.gateway.session))
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if len(gw.control.records) == 3 and not mine.adopted:
+                    break
+            task.cancel()
+
+        gw.run(ship_for_a_while())
+        assert shipped(gw) == ["c0", "c1", "c2"] and mine.adopted == []
+        assert mine.stats()["backlog"] == 0
+    finally:
+        gw.close()
