@@ -176,51 +176,85 @@ class Gateway:
         client_salt = payload.get("cache_salt")
         started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
         last_error = ""
-        for attempt in range(1, self.settings.max_attempts + 1):
-            tier = candidates(route["endpoints"], self.ejections, tried)
-            if not tier:
-                break
-            endpoint = pick(tier, affinity)
-            tried.add(endpoint["url"])
-            payload["model"] = endpoint["served_model"]
-            salt = self._cache_salt(tenant, endpoint, path, client_salt)
-            if salt is None:
-                payload.pop("cache_salt", None)
-            else:
-                payload["cache_salt"] = salt
-            try:
-                usage, status = await self._forward(reply, endpoint, path, payload, stream, asked_for_usage)
-            except (TimeoutError, aiohttp.ClientConnectionError, Upstream5xx) as exc:
-                if reply.started:  # bytes already reached the client: nothing safe to retry
-                    log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
-                    return
-                self.ejections.eject(endpoint["url"])
-                last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
-                continue
-            tokens = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-            self.limits.spend_tokens(tenant, limits, tokens)
-            self.usage.record(
-                {
-                    "request_id": reply.request_id,
-                    "client_request_id": client_request_id(headers),
-                    "tenant": tenant,
-                    "model_name": name,
-                    "region": endpoint["region"],
-                    "deployment": endpoint["deployment"],
-                    "version": endpoint["version"],
-                    "artifact_sha256": endpoint.get("artifact_sha256", ""),
-                    "endpoint": endpoint["url"],
-                    "status": status,
-                    "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-                    "completion_tokens": int(usage.get("completion_tokens", 0)),
-                    "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
-                    "attempts": attempt,
-                    "stream": stream,
-                    "started_at": wall.isoformat(),
-                }
-            )
-            return
-        await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
+        # Whatever happens from here on (an engine failing mid-stream, the client gone, a bug), the
+        # request is metered once, in ``finally``, with the usage seen so far: N forwarded requests make
+        # exactly N usage records.
+        seen: dict[str, Any] = {"usage": {}, "status": 502, "endpoint": None, "attempt": 0}
+        try:
+            for attempt in range(1, self.settings.max_attempts + 1):
+                tier = candidates(route["endpoints"], self.ejections, tried)
+                if not tier:
+                    break
+                endpoint = pick(tier, affinity)
+                tried.add(endpoint["url"])
+                seen.update(endpoint=endpoint, attempt=attempt, usage={}, status=502)
+                payload["model"] = endpoint["served_model"]
+                salt = self._cache_salt(tenant, endpoint, path, client_salt)
+                if salt is None:
+                    payload.pop("cache_salt", None)
+                else:
+                    payload["cache_salt"] = salt
+                try:
+                    await self._forward(reply, endpoint, path, payload, stream, asked_for_usage, seen)
+                except (TimeoutError, aiohttp.ClientError, Upstream5xx) as exc:
+                    if reply.client_gone:
+                        raise
+                    if reply.started:  # bytes already reached the client: nothing safe to retry
+                        log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
+                        seen["status"] = 502
+                        return
+                    self.ejections.eject(endpoint["url"])
+                    last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
+                    continue
+                return
+            seen["status"] = 502
+            await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
+        except BaseException:
+            seen["status"] = 499 if reply.client_gone else 502
+            raise
+        finally:
+            if seen["endpoint"] is not None:
+                self._meter(reply, tenant, name, headers, limits, seen, started, wall, stream)
+
+    def _meter(
+        self,
+        reply: "Reply",
+        tenant: str,
+        name: str,
+        headers: dict[str, str],
+        limits: dict[str, int],
+        seen: dict[str, Any],
+        started: float,
+        wall: datetime,
+        stream: bool,
+    ) -> None:
+        """The request's one usage record (and its tokens against the tenant's limits); never raises."""
+        endpoint, usage = seen["endpoint"], seen["usage"]
+        prompt, completion = usage_tokens(usage, "prompt_tokens"), usage_tokens(usage, "completion_tokens")
+        try:
+            self.limits.spend_tokens(tenant, limits, prompt + completion)
+        except Exception:  # the record matters more than the limiter
+            log.exception("could not count tokens against %s's limits", tenant)
+        self.usage.record(
+            {
+                "request_id": reply.request_id,
+                "client_request_id": client_request_id(headers),
+                "tenant": tenant,
+                "model_name": name,
+                "region": endpoint["region"],
+                "deployment": endpoint["deployment"],
+                "version": endpoint["version"],
+                "artifact_sha256": endpoint.get("artifact_sha256", ""),
+                "endpoint": endpoint["url"],
+                "status": seen["status"],
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
+                "attempts": seen["attempt"],
+                "stream": stream,
+                "started_at": wall.isoformat(),
+            }
+        )
 
     def _cache_salt(
         self, tenant: str, endpoint: dict[str, Any], path: str, client_salt: str | None
@@ -244,7 +278,9 @@ class Gateway:
         payload: dict[str, Any],
         stream: bool,
         forward_usage_chunk: bool,
-    ) -> tuple[dict[str, Any], int]:
+        seen: dict[str, Any],
+    ) -> None:
+        """Send the engine's answer on; ``seen`` gets its status and usage as soon as they are known."""
         assert self.session is not None
         data = json.dumps(payload).encode()
         async with self.session.post(
@@ -261,20 +297,34 @@ class Gateway:
             content_type = upstream.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
+                seen["status"] = upstream.status
                 events = EventFilter(forward_usage_chunk)
                 async for chunk in upstream.content.iter_any():
-                    if data := events.feed(chunk):
+                    data = events.feed(chunk)
+                    seen["usage"] = events.usage  # tokens seen so far count even if the stream breaks
+                    if data:
                         await reply.chunk(data)
                 await reply.chunk(events.flush(), more=False)
-                return events.usage, upstream.status
+                return
             body = await upstream.read()
+            seen["status"] = upstream.status
+            try:
+                seen["usage"] = json.loads(body).get("usage") or {}
+            except (ValueError, AttributeError):
+                seen["usage"] = {}
             await reply.start(upstream.status, content_type, extra, length=len(body))
             await reply.chunk(body, more=False)
-            try:
-                usage = json.loads(body).get("usage") or {}
-            except (ValueError, AttributeError):
-                usage = {}
-            return usage, upstream.status
+
+
+def usage_tokens(usage: Any, key: str) -> int:
+    """A token count from the engine's ``usage``, whatever it sent: a whole number in the control plane's
+    range, else 0 (null, a string, a negative or fractional count, ``usage`` not an object)."""
+    value = usage.get(key) if isinstance(usage, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return 0
+    if value < 0 or value == float("inf"):
+        return 0
+    return min(int(value), 2**31 - 1)
 
 
 def client_request_id(headers: dict[str, str]) -> str:
@@ -298,6 +348,14 @@ class Reply:
 
     def __init__(self, send: Any, request_id: str):
         self.send, self.request_id, self.started = send, request_id, False
+        self.client_gone = False  # the server refused a send: the client disconnected
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        try:
+            await self.send(message)
+        except Exception:
+            self.client_gone = True
+            raise
 
     async def start(
         self, status: int, content_type: str, extra: dict[str, str], length: int | None = None
@@ -306,11 +364,11 @@ class Reply:
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
         self.started = True
 
     async def chunk(self, data: bytes, more: bool = True) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
 
     async def json(self, status: int, body: dict[str, Any], extra: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()

@@ -67,6 +67,8 @@ class FakeEngine:
 
     seen: list[dict[str, Any]] = field(default_factory=list)
     url: str = ""
+    usage: Any = None  # what the engine reports as ``usage`` (None: the normal counts)
+    break_stream: bool = False  # send the first event, then drop the connection mid-response
 
     def start(self) -> "FakeEngine":
         self.url, self.server = serve(self.answer)
@@ -75,7 +77,17 @@ class FakeEngine:
     def answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         payload = json.loads(body)
         self.seen.append({"body": payload, "headers": dict(handler.headers)})
-        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        usage = self.usage or {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if self.break_stream:
+            first = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "a"}}]}
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Content-Length", "100000")
+            handler.end_headers()
+            handler.wfile.write(b"data: " + json.dumps(first).encode() + b"\n\n")
+            handler.wfile.flush()
+            handler.close_connection = True
+            return
         if not payload.get("stream"):
             return reply(
                 handler, 200, {"object": "chat.completion", "choices": [{"index": 0}], "usage": usage}

@@ -156,10 +156,40 @@ def test_a_line_torn_by_a_crash_is_quarantined_and_the_rest_replayed(gw):
     assert "torn" in gw.gateway.usage.quarantine_path.read_text()
 
 
+class FlakyDisk:
+    """A spool writer whose write puts the first half of the data on disk, then fails (disk full)."""
+
+    def __init__(self, real):  # type: ignore[no-untyped-def]
+        self.real, self.failing = real, False
+
+    def write(self, data: bytes) -> int:
+        if self.failing:
+            self.real.write(bytes(data[: len(data) // 2]))
+            self.real.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.real.write(data)
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        return getattr(self.real, name)
+
+
+def flaky(gw, failing: bool) -> None:  # type: ignore[no-untyped-def]
+    usage = gw.gateway.usage
+    if not isinstance(usage.writer, FlakyDisk):
+        usage.writer = FlakyDisk(usage.writer)
+    usage.writer.failing = failing
+    if not failing:
+        usage.sync()  # the disk is back: memory is written at the next record or sync
+
+
 actions = st.lists(
     st.one_of(
         st.tuples(st.just("send"), st.integers(1, 12)),
-        st.tuples(st.sampled_from(["down", "up", "lose_replies", "restart", "ship", "refuse_next"])),
+        st.tuples(
+            st.sampled_from(
+                ["down", "up", "lose_replies", "restart", "ship", "refuse_next", "disk_fails", "disk_ok"]
+            )
+        ),
     ),
     max_size=14,
 )
@@ -185,7 +215,10 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
                 elif step[0] in ("down", "up", "lose_replies"):
                     gw.control.down, gw.control.lose_replies = step[0] == "down", step[0] == "lose_replies"
                 elif step[0] == "restart":
+                    flaky(gw, failing=False)  # a graceful restart: memory is written first
                     restart(gw)
+                elif step[0] in ("disk_fails", "disk_ok"):  # halfway writes, then a full disk
+                    flaky(gw, failing=step[0] == "disk_fails")
                 elif step[0] == "refuse_next":
                     refused.add(f"c{sent}")
                 else:
@@ -193,6 +226,7 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
                         gw.ship()
                 gw.control.refuse = lambda record: record["client_request_id"] in refused
             gw.control.down = gw.control.lose_replies = False
+            flaky(gw, failing=False)
             gw.ship()
             expected = [f"c{n}" for n in range(sent) if f"c{n}" not in refused]
             assert shipped(gw) == expected  # each once (the control plane dedups a re-sent batch), in order
@@ -205,3 +239,122 @@ def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(s
         finally:
             gateway.usage.SEGMENT_BYTES, gateway.usage.BATCH = saved
             gw.close()
+
+
+def test_fewer_workers_after_a_restart_still_ship_every_slots_records(gw):
+    """Two workers spooled under slots 0 and 1; restarted with one worker, slot 1 is adopted and shipped."""
+    gw.control.down = True
+    first = gw.gateway.usage
+    second = UsageShipper(gw.gateway.settings)
+    second.open()  # the second worker: slot 0 is held, so it takes slot 1
+    assert (first.slot, second.slot) == (0, 1)
+    send(gw, 4)
+    gw.gateway.usage = second
+    send(gw, 3, start=4)
+    gw.gateway.usage = first
+    send(gw, 2, start=7)
+    second.close()  # both workers stop (the second first, as it would during a shutdown)
+    restart(gw)  # one worker now
+    assert gw.gateway.usage.slot == 0
+    assert gw.gateway.usage.stats()["backlog"] == 9
+    gw.control.down = False
+    assert gw.ship() == 9
+    assert sorted(shipped(gw), key=lambda c: int(c[1:])) == [f"c{n}" for n in range(9)]
+    assert len(set(shipped(gw))) == 9
+    assert not list(gw.gateway.usage.dir.glob("usage-1-*.spool"))  # the adopted slot is emptied
+    restart(gw)
+    assert gw.ship() == 0 and len(gw.control.records) == 9  # nothing twice
+
+
+def test_a_slot_orphaned_while_running_is_adopted_periodically(gw):
+    gw.control.down = True
+    other = UsageShipper(gw.gateway.settings)
+    other.open()
+    gw.gateway.usage, mine = other, gw.gateway.usage
+    send(gw, 3)
+    gw.gateway.usage = mine
+    other.close()  # that worker died; this one was already running
+    gw.control.down = False
+    assert gw.ship() == 0  # not adopted yet
+    gw.gateway.usage.adopt_orphans()
+    assert gw.gateway.usage.stats()["backlog"] == 3
+    assert gw.ship() == 3 and shipped(gw) == ["c0", "c1", "c2"]
+    again = UsageShipper(gw.gateway.settings)
+    again.open()  # the adopted slot was released once shipped: a new worker can claim it
+    assert again.slot == 1
+    again.close()
+
+
+def test_a_write_that_fails_halfway_leaves_no_torn_line_when_the_disk_recovers(gw):
+    disk = FlakyDisk(gw.gateway.usage.writer)
+    gw.gateway.usage.writer = disk
+    send(gw, 1)
+    disk.failing = True
+    send(gw, 2, start=1)  # half of the batch reached the file, then the disk filled up
+    assert gw.gateway.usage.stats()["write_errors"] == 2
+    disk.failing = False
+    send(gw, 1, start=3)  # the disk recovered: the kept lines are written whole
+    assert gw.ship() == 4
+    assert shipped(gw) == ["c0", "c1", "c2", "c3"]
+    assert gw.gateway.usage.stats()["quarantined"] == 0 and gw.gateway.usage.stats()["backlog"] == 0
+
+
+def test_records_written_while_memory_is_being_shipped_are_not_lost(gw):
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def tell(self) -> int:
+            return 0
+
+    usage = gw.gateway.usage
+    healthy, usage.writer = usage.writer, FullDisk()
+    send(gw, 2)
+    assert len(usage.memory) == 2
+    deliver, once = usage._deliver, [True]
+
+    async def deliver_while_recording(session, lines):  # type: ignore[no-untyped-def]
+        template = json.loads(lines[0])
+        if once.pop() if once else False:
+            usage.writer = healthy  # the disk recovers while the memory batch is in flight
+            usage.record({**template, "request_id": "r2", "client_request_id": "c2"})
+            usage.writer = FullDisk()  # and fails again
+            usage.record({**template, "request_id": "r3", "client_request_id": "c3"})
+        await deliver(session, lines)
+
+    usage._deliver = deliver_while_recording
+    gw.ship()
+    usage._deliver, usage.writer = deliver, healthy
+    gw.ship()
+    assert sorted(shipped(gw)) == ["c0", "c1", "c2", "c3"]  # each once (the control plane dedups)
+    assert usage.stats()["backlog"] == 0 and usage.memory == []
+
+
+def test_the_shipping_loop_looks_for_orphaned_slots(tmp_path, monkeypatch):
+    import asyncio
+
+    monkeypatch.setattr(gateway.usage, "ADOPT_EVERY", 2)
+    gw = GatewayWorld(tmp_path, usage_interval_seconds=0.01)
+    try:
+        gw.control.down = True
+        other = UsageShipper(gw.gateway.settings)
+        other.open()
+        gw.gateway.usage, mine = other, gw.gateway.usage
+        send(gw, 3)
+        gw.gateway.usage = mine
+        other.close()  # that worker died after this one started
+        gw.control.down = False
+
+        async def ship_for_a_while() -> None:
+            task = asyncio.create_task(mine.ship_forever(gw.gateway.session))
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if len(gw.control.records) == 3 and not mine.adopted:
+                    break
+            task.cancel()
+
+        gw.run(ship_for_a_while())
+        assert shipped(gw) == ["c0", "c1", "c2"] and mine.adopted == []
+        assert mine.stats()["backlog"] == 0
+    finally:
+        gw.close()
