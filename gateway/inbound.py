@@ -52,6 +52,8 @@ def parse_payload(body: bytes, max_depth: int) -> dict[str, Any]:
         payload.pop("stream_options", None)  # null is as if absent
     elif not isinstance(payload["stream_options"], dict):
         raise Refused(400, "'stream_options' must be an object.")
+    elif not isinstance(payload["stream_options"].get("include_usage", False), bool):
+        raise Refused(400, "'stream_options.include_usage' must be true or false.")
     if "cache_salt" in payload and (not isinstance(payload["cache_salt"], str) or not payload["cache_salt"]):
         raise Refused(400, "'cache_salt' must be a non-empty string.")
     return payload

@@ -222,6 +222,7 @@ class UsageShipper:
         while records:
             status, reason = await self._post(session, records)
             if status not in REFUSED:
+                self.counts["shipped"] += len(records)
                 return
             index = _refused_index(reason, len(records))
             if index is None:
@@ -233,6 +234,8 @@ class UsageShipper:
             status, reason = await self._post(session, [record])
             if status in REFUSED:
                 self._quarantine(record, reason)
+            else:
+                self.counts["shipped"] += 1
 
     async def _post(self, session: aiohttp.ClientSession, records: list[Any]) -> tuple[int, str]:
         async with session.post(

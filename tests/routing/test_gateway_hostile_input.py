@@ -69,6 +69,8 @@ def test_a_body_over_the_limit_is_refused_while_reading(gw):
         b'{"model": "chat", "stream": true, "stream_options": "include_usage"}',
         b'{"model": "chat", "stream": true, "stream_options": [true]}',
         b'{"model": "chat", "stream": true, "stream_options": 1}',
+        b'{"model": "chat", "stream": true, "stream_options": {"include_usage": "yes"}}',
+        b'{"model": "chat", "stream": true, "stream_options": {"include_usage": 1}}',
         b"\xff\xfe{}",
     ],
 )

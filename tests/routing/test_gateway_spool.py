@@ -108,6 +108,13 @@ def test_the_spool_is_reported_on_healthz_and_metrics(gw):
     metrics = gw.call("GET", "/metrics", tenant=None)
     assert metrics.status == 200 and "gateway_usage_backlog 4\n" in metrics.body.decode()
     assert "gateway_usage_spooled_total 4\n" in metrics.body.decode()
+    assert health["usage"]["shipped"] == 0
+
+    gw.control.down = False
+    assert gw.ship() == 4
+    after = gw.call("GET", "/healthz", tenant=None).json()["usage"]
+    assert after["shipped"] == 4 and after["backlog"] == 0
+    assert "gateway_usage_shipped_total 4\n" in gw.call("GET", "/metrics", tenant=None).body.decode()
 
 
 @pytest.mark.slow
