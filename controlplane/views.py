@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -286,7 +287,9 @@ def user_list(request: HttpRequest, p: Principal) -> HttpResponse:
         else:
             messages.success(request, f"User {user.username} created.")
             return redirect("dashboard:users")
-    people = selectors.users_for(p).prefetch_related("memberships__tenant")
+    # Only memberships of tenants the caller may see: a badge naming another tenant would reveal it.
+    visible = Prefetch("memberships", queryset=selectors.memberships_for(p))
+    people = selectors.users_for(p).prefetch_related(visible)
     context = {"people": people, "form": form, "can_create": p.may(Scope.USERS_WRITE)}
     return render(request, "controlplane/user_list.html", context, status=400 if form.errors else 200)
 

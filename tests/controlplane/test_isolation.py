@@ -187,6 +187,16 @@ def test_pages_show_only_own_tenant(as_alice, world):
     assert as_alice.get("/tenants/new/").status_code == 403
 
 
+def test_the_users_page_shows_only_memberships_of_tenants_one_may_see(as_alice, world):
+    """Dave is in both tenants: alice (acme) sees him, but not that he belongs to globex."""
+    from tests.factories import MembershipFactory
+
+    MembershipFactory(user=world.dave, tenant=world.tenant_b, role="viewer")
+    page = as_alice.get("/users/").content.decode()
+    assert "dave" in page and "acme: developer" in page
+    assert "globex" not in page
+
+
 def test_page_actions_on_another_tenant_are_refused(as_alice, world, b_objects):
     assert (
         as_alice.post("/tenants/globex/members/", {"username": "alice", "role": "admin"}).status_code == 404
