@@ -190,8 +190,16 @@ def _invitation_move(
 
 
 def _check_invitee(actor: Principal, invitation: Invitation) -> None:
+    """Only the invited person answers, and only from their console session: no token, however scoped or
+    bound, can consent for them (an app's or CI's token of that user may be held by someone else)."""
     if actor.user is None or actor.user.pk != invitation.user_id:
         raise Forbidden("Only the invited user can answer an invitation.")
+    if actor.token is not None:
+        raise Forbidden(
+            "An invitation is answered by the invited person signed in to the console, not with an API "
+            "token.",
+            code="session_required",
+        )
 
 
 def invitation_accept(*, actor: Principal, invitation: Invitation, now: datetime | None = None) -> Membership:

@@ -59,6 +59,13 @@ def test_a_tenant_admin_creates_a_user_for_their_tenant(world, api):
     assert not User.objects.filter(username__in=["x", "y"]).exists()
 
 
+def _session(api, user):
+    """The invitee answers from the console's session (API calls with it included), never with a token."""
+    client = api()
+    client.force_login(user)
+    return client
+
+
 def test_invite_then_accept(world, api):
     created = _invite(api(world.alice))
     assert created.status_code == 201, created.json()
@@ -66,7 +73,7 @@ def test_invite_then_accept(world, api):
     assert invitation["status"] == "pending" and invitation["username"] == "bob"
     assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
 
-    bob = api(world.bob)
+    bob = _session(api, world.bob)
     mine = bob.get("/api/v1/invitations/").json()["results"]
     assert [i["id"] for i in mine] == [invitation["id"]]
     accepted = bob.post(f"/api/v1/invitations/{invitation['id']}/accept/")
@@ -80,7 +87,7 @@ def test_invite_then_accept(world, api):
 
 def test_decline(world, api):
     invitation = _invite(api(world.alice)).json()
-    declined = api(world.bob).post(f"/api/v1/invitations/{invitation['id']}/decline/")
+    declined = _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/decline/")
     assert declined.status_code == 200 and declined.json()["status"] == "declined"
     assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
     assert "invitation.declined" in set(AuditEvent.objects.values_list("action", flat=True))
@@ -95,6 +102,22 @@ def test_only_the_invited_user_answers(world, api):
         assert client.post(f"/api/v1/invitations/{invitation['id']}/decline/").status_code == 404
     assert api(world.bob).post("/api/v1/invitations/not-a-number/accept/").status_code == 404
     assert Invitation.objects.get().status == InvitationStatus.PENDING
+
+
+def test_no_token_of_the_invitee_can_answer(world, api):
+    """An admin holding a weak token of the invitee (an app's models:invoke token, a CI token, a token
+    bound to another tenant) cannot consent for them: only the person's console session answers."""
+    invitation = _invite(api(world.alice)).json()
+    weak = [["models:invoke"], ["tenants:read"], None]  # None: every scope bob holds (bound to globex)
+    for scopes in weak:
+        client = api(world.bob, scopes)
+        for answer in ("accept", "decline"):
+            refused = client.post(f"/api/v1/invitations/{invitation['id']}/{answer}/")
+            assert refused.status_code == 403, (scopes, refused.content)
+            assert refused.json()["error"]["code"] == "session_required"
+    assert Invitation.objects.get().status == InvitationStatus.PENDING
+    assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
+    assert _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/accept/").status_code == 200
 
 
 def test_tenant_invitations_are_isolated(world, api):
