@@ -127,6 +127,18 @@ class Principal:
                 self.require(scope, int(tenant) if isinstance(tenant, int) else None)
 
     @property
+    def bound_tenant_id(self) -> int | None:
+        """The tenant the credential is bound to: then "your own" tokens and operations are those of that
+        tenant only, never the owner's things in their other tenants."""
+        return self.token.tenant_id if self.token is not None else None
+
+    def owns(self, user_id: int | None, tenant_id: int | None) -> bool:
+        """A thing of ``user_id`` (in ``tenant_id``) is this principal's own."""
+        if self.user is None or user_id != self.user.pk:
+            return False
+        return self.bound_tenant_id is None or tenant_id == self.bound_tenant_id
+
+    @property
     def actor_id(self) -> str:
         if self.user is not None:
             return str(self.user.pk)

@@ -159,7 +159,7 @@ def token_create(
 
 
 def may_manage_token(actor: Principal, token: ApiToken) -> bool:
-    if token.user_id is not None and actor.user is not None and token.user_id == actor.user.pk:
+    if token.user_id is not None and actor.owns(token.user_id, token.tenant_id):
         return True
     if token.service_account is not None and token.service_account.tenant_id:
         return actor.may(Scope.TOKENS_WRITE, token.service_account.tenant_id)

@@ -164,3 +164,33 @@ def test_a_personal_token_is_bound_only_to_a_tenant_its_owner_belongs_to(world):
     MembershipFactory(user=world.operator, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
     token, _ = token_create(actor=principal(world.operator), name="app", scopes=INVOKE, tenant=world.tenant_a)
     assert token.tenant == world.tenant_a
+
+
+def test_a_bound_tokens_own_things_are_those_of_its_tenant(world, api):
+    """A token bound to globex lists and revokes only bob's globex tokens, and reads only the operations
+    bob started in globex, not those he started in acme."""
+    from controlplane.services.operations import operation_start
+    from controlplane.services.tokens import may_manage_token
+
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.VIEWER)
+    in_a, _ = token_create(
+        actor=principal(world.bob), name="a", scopes=["tenants:read"], tenant=world.tenant_a
+    )
+    in_b, secret = token_create(
+        actor=principal(world.bob), name="b", scopes=["tenants:read"], tenant=world.tenant_b
+    )
+    op_a = operation_start(actor=principal(world.bob), kind="audit.verify", tenant=world.tenant_a)
+    client = api(secret=secret)
+    listed = {t["id"] for t in client.get("/api/v1/tokens/").json()["results"]}
+    assert in_b.pk in listed and in_a.pk not in listed
+    assert client.post(f"/api/v1/tokens/{in_a.pk}/revoke/").status_code == 404
+    assert not may_manage_token(_bound(in_b, world.bob), in_a)
+    assert client.get(f"/api/v1/operations/{op_a.pk}/").status_code == 404
+    assert str(op_a.pk) not in {o["id"] for o in client.get("/api/v1/operations/").json()["results"]}
+
+
+def _bound(token, user):
+    from controlplane.choices import AuditSource
+    from controlplane.principal import Principal
+
+    return Principal.for_user(user, source=AuditSource.API, token=token)
