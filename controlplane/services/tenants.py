@@ -84,13 +84,29 @@ def _check_role(role: str) -> None:
         raise ValidationFailed(f"Unknown tenant role '{role}'; use {', '.join(TenantRole.values)}.")
 
 
+def _needs_invitation(actor: Principal, tenant: Tenant, user: User) -> bool:
+    """The membership rule: a non-member joins by accepting an invitation, unless a platform admin adds
+    them."""
+    exists = Membership.objects.filter(tenant=tenant, user=user).exists()
+    return not exists and not may_add_without_consent(actor)
+
+
+def membership_add_or_invite(
+    *, actor: Principal, tenant: Tenant, user: User, role: str
+) -> Membership | Invitation:
+    """The console's "add member": set the role where that needs no consent, else send an invitation."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    if _needs_invitation(actor, tenant, user):
+        return invitation_create(actor=actor, tenant=tenant, user=user, role=role)
+    return membership_set(actor=actor, tenant=tenant, user=user, role=role)
+
+
 def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
     """Change a member's role; add a new member only as a platform admin (others invite)."""
     actor.require(Scope.MEMBERS_WRITE, tenant.pk)
     _check_role(role)
     with transaction.atomic():
-        exists = Membership.objects.filter(tenant=tenant, user=user).exists()
-        if not exists and not may_add_without_consent(actor):
+        if _needs_invitation(actor, tenant, user):
             raise Forbidden(
                 f"{user.username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
                 f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "

@@ -184,3 +184,25 @@ def test_console_invitation_of_someone_else_is_not_found(world, client):
     assert "No invitations for you" in client.get("/invitations/").content.decode()
     invitation.refresh_from_db()
     assert invitation.status == InvitationStatus.PENDING
+
+
+def test_one_service_decides_add_or_invite(world):
+    """The console's add-member form and the API share one rule (services.tenants), not two copies."""
+    import inspect
+
+    from controlplane import views
+    from controlplane.services.tenants import membership_add_or_invite
+
+    invited = membership_add_or_invite(
+        actor=principal(world.alice), tenant=world.tenant_a, user=world.bob, role="viewer"
+    )
+    assert isinstance(invited, Invitation) and invited.status == InvitationStatus.PENDING
+    changed = membership_add_or_invite(
+        actor=principal(world.alice), tenant=world.tenant_a, user=world.vera, role="developer"
+    )
+    assert isinstance(changed, Membership) and changed.role == TenantRole.DEVELOPER
+    added = membership_add_or_invite(
+        actor=principal(world.admin), tenant=world.tenant_b, user=world.dave, role="viewer"
+    )
+    assert isinstance(added, Membership) and added.tenant == world.tenant_b
+    assert "may_add_without_consent" not in inspect.getsource(views.member_set)
