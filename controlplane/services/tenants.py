@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.choices import InvitationStatus, PlatformRole, Scope, TenantRole
-from controlplane.errors import Conflict, Forbidden, ValidationFailed
+from controlplane.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from controlplane.models import Invitation, Membership, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record, snapshot
@@ -101,18 +101,34 @@ def membership_add_or_invite(
     return membership_set(actor=actor, tenant=tenant, user=user, role=role)
 
 
+def _invitation_required(tenant: Tenant, username: str) -> Forbidden:
+    return Forbidden(
+        f"{username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
+        f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "
+        "and they join when they accept.",
+        code="invitation_required",
+    )
+
+
+def membership_set_by_username(*, actor: Principal, tenant: Tenant, username: str, role: str) -> Membership:
+    """membership_set for a username: to anyone but a platform admin an unknown username answers exactly
+    as another tenant's user does (invitation_required), so the endpoint does not reveal who exists."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    user = User.objects.filter(username=username, is_active=True).first()
+    if user is None:
+        if may_add_without_consent(actor):
+            raise NotFound(f"No user '{username}'.")
+        raise _invitation_required(tenant, username)
+    return membership_set(actor=actor, tenant=tenant, user=user, role=role)
+
+
 def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
     """Change a member's role; add a new member only as a platform admin (others invite)."""
     actor.require(Scope.MEMBERS_WRITE, tenant.pk)
     _check_role(role)
     with transaction.atomic():
         if _needs_invitation(actor, tenant, user):
-            raise Forbidden(
-                f"{user.username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
-                f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "
-                "and they join when they accept.",
-                code="invitation_required",
-            )
+            raise _invitation_required(tenant, user.username)
         return _membership_write(actor=actor, tenant=tenant, user=user, role=role)
 
 

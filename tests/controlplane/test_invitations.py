@@ -1,6 +1,7 @@
 """A tenant admin cannot pull another tenant's user in: they create users for their tenant or invite, and
 only the invited user can accept. Platform admins may add anyone."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -206,3 +207,25 @@ def test_one_service_decides_add_or_invite(world):
     )
     assert isinstance(added, Membership) and added.tenant == world.tenant_b
     assert "may_add_without_consent" not in inspect.getsource(views.member_set)
+
+
+def test_members_write_does_not_tell_which_usernames_exist(world, api):
+    """To a tenant admin, an unknown username and another tenant's user answer the same (11.2)."""
+    alice = api(world.alice)
+
+    def add(username):
+        reply = alice.post(
+            "/api/v1/tenants/acme/members/", {"username": username, "role": "viewer"}, format="json"
+        )
+        return reply.status_code, json.dumps(reply.json()["error"]).replace(username, "<name>")
+
+    assert add("bob") == add("nobody-here")
+    assert add("bob")[0] == 403
+    # a platform admin is told (they may list every user anyway)
+    root = api(world.admin)
+    assert (
+        root.post(
+            "/api/v1/tenants/acme/members/", {"username": "nobody-here", "role": "viewer"}, format="json"
+        ).status_code
+        == 404
+    )
