@@ -42,6 +42,8 @@ class Principal:
         roles = dict(user.memberships.values_list("tenant_id", "role"))
         if token is not None and token.tenant_id is not None:  # a bound token acts in its tenant only
             roles = {tid: role for tid, role in roles.items() if tid == token.tenant_id}
+        elif token is not None and user.platform_role != PlatformRole.NONE:
+            roles = {}  # a platform principal's unbound token is a platform token: it never gains a tenant
         return cls(
             kind=ActorType.USER,
             name=user.username,

@@ -194,3 +194,11 @@ def _bound(token, user):
     from controlplane.principal import Principal
 
     return Principal.for_user(user, source=AuditSource.API, token=token)
+
+
+def test_a_platform_token_stays_a_platform_token_when_its_owner_joins_a_tenant(world, api):
+    """Joining another tenant later never changes a token's tenant: an unbound (platform) token does not
+    gain the owner's new membership."""
+    _, secret = token_create(actor=principal(world.auditor), name="p", scopes=["tenants:read"])
+    MembershipFactory(user=world.auditor, tenant=world.tenant_a, role=TenantRole.ADMIN)
+    assert api(secret=secret).get("/api/v1/me/").json()["tenants"] == {}
