@@ -42,6 +42,8 @@ class Principal:
         roles = dict(user.memberships.values_list("tenant_id", "role"))
         if token is not None and token.tenant_id is not None:  # a bound token acts in its tenant only
             roles = {tid: role for tid, role in roles.items() if tid == token.tenant_id}
+        elif token is not None and user.platform_role != PlatformRole.NONE:
+            roles = {}  # a platform principal's unbound token is a platform token: it never gains a tenant
         return cls(
             kind=ActorType.USER,
             name=user.username,
@@ -125,6 +127,18 @@ class Principal:
             else:
                 tenant = check.get("tenant")
                 self.require(scope, int(tenant) if isinstance(tenant, int) else None)
+
+    @property
+    def bound_tenant_id(self) -> int | None:
+        """The tenant the credential is bound to: then "your own" tokens and operations are those of that
+        tenant only, never the owner's things in their other tenants."""
+        return self.token.tenant_id if self.token is not None else None
+
+    def owns(self, user_id: int | None, tenant_id: int | None) -> bool:
+        """A thing of ``user_id`` (in ``tenant_id``) is this principal's own."""
+        if self.user is None or user_id != self.user.pk:
+            return False
+        return self.bound_tenant_id is None or tenant_id == self.bound_tenant_id
 
     @property
     def actor_id(self) -> str:

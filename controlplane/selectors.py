@@ -134,7 +134,7 @@ def tokens_for(principal: Principal) -> QuerySet[ApiToken]:
     queryset = ApiToken.objects.select_related("user", "service_account__tenant", "tenant")
     if principal.may(Scope.USERS_WRITE):
         return queryset
-    own = Q(user_id=principal.user.pk) if principal.user is not None else Q(pk__in=[])
+    own = _own(principal, Q(user_id=principal.user.pk) if principal.user is not None else Q(pk__in=[]))
     managed = _tenant_filter(principal, Scope.TOKENS_WRITE, "service_account__tenant")
     if managed is None:  # tokens:write platform-wide: every tenant robot's tokens
         managed = Q(service_account__tenant__isnull=False)
@@ -166,7 +166,13 @@ def operations_for(principal: Principal) -> QuerySet[Operation]:
     theirs = _tenant_filter(principal, Scope.TENANTS_READ)
     if theirs is None:
         return Operation.objects.all()
-    return Operation.objects.filter(Q(created_by_key=principal.key) | theirs)
+    return Operation.objects.filter(_own(principal, Q(created_by_key=principal.key)) | theirs)
+
+
+def _own(principal: Principal, mine: Q) -> Q:
+    """What is the principal's own; with a bound token, only in that tenant (Principal.owns, as a query)."""
+    bound = principal.bound_tenant_id
+    return mine if bound is None else mine & Q(tenant_id=bound)
 
 
 def operation_get(principal: Principal, pk: str) -> Operation:

@@ -19,6 +19,7 @@ from controlplane import forms, selectors
 from controlplane.choices import AuditSource, Scope
 from controlplane.errors import ApplicationError, Forbidden, NotFound
 from controlplane.health import _broker_ok, _database_ok
+from controlplane.models import Invitation
 from controlplane.principal import Principal
 from controlplane.services import operations, tenants, tokens, users
 
@@ -220,13 +221,10 @@ def member_set(request: HttpRequest, p: Principal, slug: str) -> HttpResponse:
         messages.error(request, "Give a username and a role.")
         return redirect("dashboard:tenant", slug=slug)
     user, role = selectors.user_by_username(form.cleaned_data["username"]), form.cleaned_data["role"]
-    is_member = selectors.memberships_for(p, tenant).filter(user=user).exists()
-    if not is_member and not tenants.may_add_without_consent(p):
-        tenants.invitation_create(actor=p, tenant=tenant, user=user, role=role)
+    if isinstance(tenants.membership_add_or_invite(actor=p, tenant=tenant, user=user, role=role), Invitation):
         messages.success(request, f"{user.username} is invited as {role}; they join when they accept.")
-        return redirect("dashboard:tenant", slug=slug)
-    tenants.membership_set(actor=p, tenant=tenant, user=user, role=role)
-    messages.success(request, f"{user.username} is now {role} of {tenant.slug}.")
+    else:
+        messages.success(request, f"{user.username} is now {role} of {tenant.slug}.")
     return redirect("dashboard:tenant", slug=slug)
 
 

@@ -1,7 +1,6 @@
 """The API's shared conventions: error envelope, pagination, throttling, strict input, ETags and
 idempotent POSTs. Every app's API uses these, so a client learns them once."""
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from functools import wraps
@@ -10,6 +9,7 @@ from typing import Any, cast
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import IntegrityError, transaction
 from django.http import Http404
+from django.utils.crypto import salted_hmac
 from rest_framework import exceptions, serializers
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
@@ -123,8 +123,11 @@ def expected_revision(request: Request, pk: Any) -> int | None:
 
 
 def _request_fingerprint(request: Request) -> str:
+    """Keyed with SECRET_KEY: a body can carry a password (``POST /users/``), and a plain hash of it in
+    the database could be brute-forced offline by whoever reads the table."""
     body = json.dumps(request.data, sort_keys=True, default=str)
-    return hashlib.sha256(f"{request.method} {request.path}\n{body}".encode()).hexdigest()
+    message = f"{request.method} {request.path}\n{body}"
+    return salted_hmac("controlplane.idempotency.request", message, algorithm="sha256").hexdigest()
 
 
 # A view sets this on its Response: {field: note}. Those fields are blanked before the response is

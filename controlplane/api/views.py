@@ -109,9 +109,11 @@ class MemberViewSet(PrincipalMixin, viewsets.ViewSet):
         tenant = selectors.tenant_get(self.principal, tenant_slug)
         data = s.MembershipSetSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = selectors.user_by_username(data.validated_data["username"])
-        membership = tenants.membership_set(
-            actor=self.principal, tenant=tenant, user=user, role=data.validated_data["role"]
+        membership = tenants.membership_set_by_username(
+            actor=self.principal,
+            tenant=tenant,
+            username=data.validated_data["username"],
+            role=data.validated_data["role"],
         )
         return Response(s.MembershipSerializer(membership).data)
 

@@ -39,7 +39,7 @@ _FORMAT_1 = (
     "prev_hash",
 )
 HASHED_FIELDS: dict[int, tuple[str, ...]] = {
-    1: _FORMAT_1,  # events written before migration 0005: tenant_id is not covered, only tenant_slug
+    1: _FORMAT_1,  # events written before migration 0008_auditevent_hash_version: no tenant_id
     2: (*_FORMAT_1, "tenant_id", "hash_version"),
 }
 HASH_VERSION = 2

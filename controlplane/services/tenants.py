@@ -8,7 +8,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.choices import InvitationStatus, PlatformRole, Scope, TenantRole
-from controlplane.errors import Conflict, Forbidden, ValidationFailed
+from controlplane.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from controlplane.models import Invitation, Membership, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record, snapshot
@@ -84,19 +84,51 @@ def _check_role(role: str) -> None:
         raise ValidationFailed(f"Unknown tenant role '{role}'; use {', '.join(TenantRole.values)}.")
 
 
+def _needs_invitation(actor: Principal, tenant: Tenant, user: User) -> bool:
+    """The membership rule: a non-member joins by accepting an invitation, unless a platform admin adds
+    them."""
+    exists = Membership.objects.filter(tenant=tenant, user=user).exists()
+    return not exists and not may_add_without_consent(actor)
+
+
+def membership_add_or_invite(
+    *, actor: Principal, tenant: Tenant, user: User, role: str
+) -> Membership | Invitation:
+    """The console's "add member": set the role where that needs no consent, else send an invitation."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    if _needs_invitation(actor, tenant, user):
+        return invitation_create(actor=actor, tenant=tenant, user=user, role=role)
+    return membership_set(actor=actor, tenant=tenant, user=user, role=role)
+
+
+def _invitation_required(tenant: Tenant, username: str) -> Forbidden:
+    return Forbidden(
+        f"{username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
+        f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "
+        "and they join when they accept.",
+        code="invitation_required",
+    )
+
+
+def membership_set_by_username(*, actor: Principal, tenant: Tenant, username: str, role: str) -> Membership:
+    """membership_set for a username: to anyone but a platform admin an unknown username answers exactly
+    as another tenant's user does (invitation_required), so the endpoint does not reveal who exists."""
+    actor.require(Scope.MEMBERS_WRITE, tenant.pk)
+    user = User.objects.filter(username=username, is_active=True).first()
+    if user is None:
+        if may_add_without_consent(actor):
+            raise NotFound(f"No user '{username}'.")
+        raise _invitation_required(tenant, username)
+    return membership_set(actor=actor, tenant=tenant, user=user, role=role)
+
+
 def membership_set(*, actor: Principal, tenant: Tenant, user: User, role: str) -> Membership:
     """Change a member's role; add a new member only as a platform admin (others invite)."""
     actor.require(Scope.MEMBERS_WRITE, tenant.pk)
     _check_role(role)
     with transaction.atomic():
-        exists = Membership.objects.filter(tenant=tenant, user=user).exists()
-        if not exists and not may_add_without_consent(actor):
-            raise Forbidden(
-                f"{user.username} is not a member of {tenant.slug}. A tenant admin cannot add an existing "
-                f"user without their consent: invite them (POST /api/v1/tenants/{tenant.slug}/invitations/) "
-                "and they join when they accept.",
-                code="invitation_required",
-            )
+        if _needs_invitation(actor, tenant, user):
+            raise _invitation_required(tenant, user.username)
         return _membership_write(actor=actor, tenant=tenant, user=user, role=role)
 
 
@@ -190,8 +222,16 @@ def _invitation_move(
 
 
 def _check_invitee(actor: Principal, invitation: Invitation) -> None:
+    """Only the invited person answers, and only from their console session: no token, however scoped or
+    bound, can consent for them (an app's or CI's token of that user may be held by someone else)."""
     if actor.user is None or actor.user.pk != invitation.user_id:
         raise Forbidden("Only the invited user can answer an invitation.")
+    if actor.token is not None:
+        raise Forbidden(
+            "An invitation is answered by the invited person signed in to the console, not with an API "
+            "token.",
+            code="session_required",
+        )
 
 
 def invitation_accept(*, actor: Principal, invitation: Invitation, now: datetime | None = None) -> Membership:

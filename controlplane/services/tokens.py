@@ -35,25 +35,47 @@ def token_binding(
 ) -> Tenant | None:
     """The one tenant a new token acts in and is served for at the gateway (None: unbound).
 
-    A tenant robot's token is bound to the robot's tenant. A ``models:invoke`` token is used at the
-    gateway, so it must be bound: to the tenant named, or else to the owner's only tenant.
+    - a tenant robot's token is bound to the robot's tenant;
+    - a token minted with a bound token is bound to that same tenant (a bound credential never mints
+      its way out of its tenant);
+    - a person's token is bound to the tenant named, which must be one they belong to, or else to their
+      only tenant; unbound (platform-only) personal tokens are for platform principals without a tenant
+      named, and a ``models:invoke`` token is always bound (it is used at the gateway).
     """
     if robot is not None and robot.tenant is not None:
-        if tenant is not None and tenant.pk != robot.tenant_id:
+        return _same_tenant(robot.tenant, tenant, f"A token of {robot}")
+    if actor.token is not None and actor.token.tenant is not None:
+        return _same_tenant(actor.token.tenant, tenant, "A token minted with a bound token")
+    if robot is not None:
+        if tenant is None and Scope.MODELS_INVOKE in scopes:
+            raise _name_the_tenant("A token with models:invoke is used at the gateway and must be bound")
+        return tenant
+    if tenant is not None:
+        if tenant.pk not in actor.tenant_roles:
             raise ValidationFailed(
-                f"A token of {robot} is bound to {robot.tenant.slug}.", detail={"tenant": ["Mismatch."]}
+                f"A personal token is bound to a tenant its owner is a member of; you are not a member of "
+                f"{tenant.slug}.",
+                detail={"tenant": ["Not a member."]},
             )
-        return robot.tenant
-    if tenant is None and Scope.MODELS_INVOKE in scopes:
-        own = list(actor.tenant_roles) if robot is None else []
-        if len(own) != 1:
-            raise ValidationFailed(
-                "A token with models:invoke is used at the gateway and must be bound to one tenant: "
-                "name the tenant.",
-                detail={"tenant": ["Required with models:invoke."]},
-            )
+        return tenant
+    own = list(actor.tenant_roles)
+    if len(own) == 1:
         return Tenant.objects.get(pk=own[0])
-    return tenant
+    if Scope.MODELS_INVOKE in scopes:
+        raise _name_the_tenant("A token with models:invoke is used at the gateway and must be bound")
+    if own or not actor.platform_scopes:
+        raise _name_the_tenant("A personal token is bound")
+    return None
+
+
+def _same_tenant(bound: Tenant, named: Tenant | None, what: str) -> Tenant:
+    if named is not None and named.pk != bound.pk:
+        raise ValidationFailed(f"{what} is bound to {bound.slug}.", detail={"tenant": ["Mismatch."]})
+    return bound
+
+
+def _name_the_tenant(why: str) -> ValidationFailed:
+    return ValidationFailed(f"{why} to one tenant: name the tenant.", detail={"tenant": ["Required."]})
 
 
 def _check_owner(
@@ -137,7 +159,7 @@ def token_create(
 
 
 def may_manage_token(actor: Principal, token: ApiToken) -> bool:
-    if token.user_id is not None and actor.user is not None and token.user_id == actor.user.pk:
+    if token.user_id is not None and actor.owns(token.user_id, token.tenant_id):
         return True
     if token.service_account is not None and token.service_account.tenant_id:
         return actor.may(Scope.TOKENS_WRITE, token.service_account.tenant_id)

@@ -65,3 +65,14 @@ def test_nothing_in_the_repository_points_at_files_outside_it() -> None:
         for m in outside.finditer(p.read_text())
     ]
     assert not hits, hits
+
+
+def test_audit_docs_name_the_right_migration_and_the_restore_procedure() -> None:
+    """Format 1 is what events written before 0008 (hash_version) carry; and a restore from backup, which
+    verification reports as "events were removed", has a documented procedure."""
+    audit = (ROOT / "controlplane/services/audit.py").read_text()
+    line = next(ln for ln in audit.splitlines() if "1: _FORMAT_1" in ln)
+    assert "0008" in line and (ROOT / "controlplane/migrations/0008_auditevent_hash_version.py").exists()
+    doc = (ROOT / "docs/audit.md").read_text()
+    section = doc[doc.index("### Restoring from a backup") :]
+    assert "events were removed" in section and "new checkpoint directory" in section

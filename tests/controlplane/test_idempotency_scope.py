@@ -72,3 +72,33 @@ def test_keys_are_scoped_to_the_token_not_only_the_user(world, api):
     assert a.status_code == b.status_code == 201
     assert a.json()["id"] != b.json()["id"]
     assert "Idempotent-Replayed" not in b
+
+
+def test_an_idempotency_record_holds_no_crackable_fingerprint_of_a_password(world, api):
+    """The fingerprint of a request is keyed (HMAC with SECRET_KEY): an idempotency row holds neither a
+    password nor an unkeyed hash of the body that a database reader could brute-force offline."""
+    import hashlib
+
+    client = api(world.alice)
+    body = {"username": "newbie", "password": "correct-horse-9", "email": "n@example.com", "tenant": "acme"}
+    created = client.post(
+        "/api/v1/users/", {**body, "role": "viewer"}, format="json", HTTP_IDEMPOTENCY_KEY="u"
+    )
+    assert created.status_code == 201, created.content
+    rows = _rows()
+    assert "correct-horse-9" not in rows
+    record = IdempotencyRecord.objects.get()
+    for payload in ({**body, "role": "viewer"},):
+        plain = json.dumps(payload, sort_keys=True, default=str)
+        unkeyed = hashlib.sha256(f"POST /api/v1/users/\n{plain}".encode()).hexdigest()
+        assert record.request_hash != unkeyed
+    # still a fingerprint: the same body replays, another body is refused
+    again = client.post("/api/v1/users/", {**body, "role": "viewer"}, format="json", HTTP_IDEMPOTENCY_KEY="u")
+    assert again["Idempotent-Replayed"] == "true"
+    other = client.post(
+        "/api/v1/users/",
+        {**body, "password": "other-pass-77", "role": "viewer"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="u",
+    )
+    assert other.status_code == 422

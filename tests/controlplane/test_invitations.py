@@ -1,6 +1,7 @@
 """A tenant admin cannot pull another tenant's user in: they create users for their tenant or invite, and
 only the invited user can accept. Platform admins may add anyone."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -59,6 +60,13 @@ def test_a_tenant_admin_creates_a_user_for_their_tenant(world, api):
     assert not User.objects.filter(username__in=["x", "y"]).exists()
 
 
+def _session(api, user):
+    """The invitee answers from the console's session (API calls with it included), never with a token."""
+    client = api()
+    client.force_login(user)
+    return client
+
+
 def test_invite_then_accept(world, api):
     created = _invite(api(world.alice))
     assert created.status_code == 201, created.json()
@@ -66,7 +74,7 @@ def test_invite_then_accept(world, api):
     assert invitation["status"] == "pending" and invitation["username"] == "bob"
     assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
 
-    bob = api(world.bob)
+    bob = _session(api, world.bob)
     mine = bob.get("/api/v1/invitations/").json()["results"]
     assert [i["id"] for i in mine] == [invitation["id"]]
     accepted = bob.post(f"/api/v1/invitations/{invitation['id']}/accept/")
@@ -80,7 +88,7 @@ def test_invite_then_accept(world, api):
 
 def test_decline(world, api):
     invitation = _invite(api(world.alice)).json()
-    declined = api(world.bob).post(f"/api/v1/invitations/{invitation['id']}/decline/")
+    declined = _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/decline/")
     assert declined.status_code == 200 and declined.json()["status"] == "declined"
     assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
     assert "invitation.declined" in set(AuditEvent.objects.values_list("action", flat=True))
@@ -95,6 +103,22 @@ def test_only_the_invited_user_answers(world, api):
         assert client.post(f"/api/v1/invitations/{invitation['id']}/decline/").status_code == 404
     assert api(world.bob).post("/api/v1/invitations/not-a-number/accept/").status_code == 404
     assert Invitation.objects.get().status == InvitationStatus.PENDING
+
+
+def test_no_token_of_the_invitee_can_answer(world, api):
+    """An admin holding a weak token of the invitee (an app's models:invoke token, a CI token, a token
+    bound to another tenant) cannot consent for them: only the person's console session answers."""
+    invitation = _invite(api(world.alice)).json()
+    weak = [["models:invoke"], ["tenants:read"], None]  # None: every scope bob holds (bound to globex)
+    for scopes in weak:
+        client = api(world.bob, scopes)
+        for answer in ("accept", "decline"):
+            refused = client.post(f"/api/v1/invitations/{invitation['id']}/{answer}/")
+            assert refused.status_code == 403, (scopes, refused.content)
+            assert refused.json()["error"]["code"] == "session_required"
+    assert Invitation.objects.get().status == InvitationStatus.PENDING
+    assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
+    assert _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/accept/").status_code == 200
 
 
 def test_tenant_invitations_are_isolated(world, api):
@@ -161,3 +185,47 @@ def test_console_invitation_of_someone_else_is_not_found(world, client):
     assert "No invitations for you" in client.get("/invitations/").content.decode()
     invitation.refresh_from_db()
     assert invitation.status == InvitationStatus.PENDING
+
+
+def test_one_service_decides_add_or_invite(world):
+    """The console's add-member form and the API share one rule (services.tenants), not two copies."""
+    import inspect
+
+    from controlplane import views
+    from controlplane.services.tenants import membership_add_or_invite
+
+    invited = membership_add_or_invite(
+        actor=principal(world.alice), tenant=world.tenant_a, user=world.bob, role="viewer"
+    )
+    assert isinstance(invited, Invitation) and invited.status == InvitationStatus.PENDING
+    changed = membership_add_or_invite(
+        actor=principal(world.alice), tenant=world.tenant_a, user=world.vera, role="developer"
+    )
+    assert isinstance(changed, Membership) and changed.role == TenantRole.DEVELOPER
+    added = membership_add_or_invite(
+        actor=principal(world.admin), tenant=world.tenant_b, user=world.dave, role="viewer"
+    )
+    assert isinstance(added, Membership) and added.tenant == world.tenant_b
+    assert "may_add_without_consent" not in inspect.getsource(views.member_set)
+
+
+def test_members_write_does_not_tell_which_usernames_exist(world, api):
+    """To a tenant admin, an unknown username and another tenant's user answer the same (11.2)."""
+    alice = api(world.alice)
+
+    def add(username):
+        reply = alice.post(
+            "/api/v1/tenants/acme/members/", {"username": username, "role": "viewer"}, format="json"
+        )
+        return reply.status_code, json.dumps(reply.json()["error"]).replace(username, "<name>")
+
+    assert add("bob") == add("nobody-here")
+    assert add("bob")[0] == 403
+    # a platform admin is told (they may list every user anyway)
+    root = api(world.admin)
+    assert (
+        root.post(
+            "/api/v1/tenants/acme/members/", {"username": "nobody-here", "role": "viewer"}, format="json"
+        ).status_code
+        == 404
+    )

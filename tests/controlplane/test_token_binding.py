@@ -92,7 +92,9 @@ def test_the_migration_binds_unambiguous_tokens_and_leaves_the_others(world):
     migration = importlib.import_module("controlplane.migrations.0007_bind_existing_tokens")
     MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
     alice, _ = token_create(actor=principal(world.alice), name="a", scopes=["tenants:read"])
-    bob, _ = token_create(actor=principal(world.bob), name="b", scopes=["tenants:read"])
+    bob, _ = token_create(
+        actor=principal(world.bob), name="b", scopes=["tenants:read"], tenant=world.tenant_b
+    )
     robot, _ = token_create(
         actor=principal(world.alice), name="r", scopes=["registry:read"], service_account=world.robot_a
     )
@@ -117,3 +119,86 @@ def test_the_console_binds_a_token_to_the_chosen_tenant(world, client):
     assert ApiToken.objects.get(name="app").tenant == world.tenant_a
     # a tenant the user does not belong to is not offered, and not accepted
     assert client.post("/tokens/", {**form, "name": "x", "tenant": "nowhere"}).status_code == 400
+
+
+def test_a_bound_token_cannot_mint_its_way_out_of_its_tenant(world, api):
+    """A token bound to globex mints tokens bound to globex only, never an unbound one reaching acme."""
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.ADMIN)
+    _, secret = token_create(
+        actor=principal(world.bob),
+        name="g",
+        scopes=["deployments:write", "tenants:read"],
+        tenant=world.tenant_b,
+    )
+    client = api(secret=secret)
+    minted = client.post("/api/v1/tokens/", {"name": "x", "scopes": ["tenants:read"]}, format="json")
+    assert minted.status_code == 201, minted.content
+    assert minted.json()["tenant"] == "globex"
+    escaped = api(secret=minted.json()["secret"])
+    assert escaped.get("/api/v1/tenants/acme/").status_code == 404
+    other = client.post(
+        "/api/v1/tokens/", {"name": "x", "scopes": ["tenants:read"], "tenant": "acme"}, format="json"
+    )
+    assert other.status_code in (400, 404)
+    assert not ApiToken.objects.filter(user=world.bob, tenant__isnull=True).exists()
+
+
+def test_every_personal_token_of_a_tenant_member_is_bound(world):
+    """Not only models:invoke tokens: a one-tenant user's read token is bound too (as migration 0007 does)."""
+    token, _ = token_create(actor=principal(world.alice), name="r", scopes=["tenants:read"])
+    assert token.tenant == world.tenant_a
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.ADMIN)
+    with pytest.raises(ValidationFailed, match="name the tenant"):
+        token_create(actor=principal(world.bob), name="r", scopes=["tenants:read"])
+
+
+def test_only_platform_principals_mint_unbound_tokens(world):
+    token, _ = token_create(actor=principal(world.admin), name="p", scopes=["tenants:read"])
+    assert token.tenant is None
+
+
+def test_a_personal_token_is_bound_only_to_a_tenant_its_owner_belongs_to(world):
+    """A platform operator holds every scope, but a gateway token of theirs needs membership (11.2)."""
+    with pytest.raises(ValidationFailed, match="member"):
+        token_create(actor=principal(world.operator), name="app", scopes=INVOKE, tenant=world.tenant_a)
+    MembershipFactory(user=world.operator, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
+    token, _ = token_create(actor=principal(world.operator), name="app", scopes=INVOKE, tenant=world.tenant_a)
+    assert token.tenant == world.tenant_a
+
+
+def test_a_bound_tokens_own_things_are_those_of_its_tenant(world, api):
+    """A token bound to globex lists and revokes only bob's globex tokens, and reads only the operations
+    bob started in globex, not those he started in acme."""
+    from controlplane.services.operations import operation_start
+    from controlplane.services.tokens import may_manage_token
+
+    MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.VIEWER)
+    in_a, _ = token_create(
+        actor=principal(world.bob), name="a", scopes=["tenants:read"], tenant=world.tenant_a
+    )
+    in_b, secret = token_create(
+        actor=principal(world.bob), name="b", scopes=["tenants:read"], tenant=world.tenant_b
+    )
+    op_a = operation_start(actor=principal(world.bob), kind="audit.verify", tenant=world.tenant_a)
+    client = api(secret=secret)
+    listed = {t["id"] for t in client.get("/api/v1/tokens/").json()["results"]}
+    assert in_b.pk in listed and in_a.pk not in listed
+    assert client.post(f"/api/v1/tokens/{in_a.pk}/revoke/").status_code == 404
+    assert not may_manage_token(_bound(in_b, world.bob), in_a)
+    assert client.get(f"/api/v1/operations/{op_a.pk}/").status_code == 404
+    assert str(op_a.pk) not in {o["id"] for o in client.get("/api/v1/operations/").json()["results"]}
+
+
+def _bound(token, user):
+    from controlplane.choices import AuditSource
+    from controlplane.principal import Principal
+
+    return Principal.for_user(user, source=AuditSource.API, token=token)
+
+
+def test_a_platform_token_stays_a_platform_token_when_its_owner_joins_a_tenant(world, api):
+    """Joining another tenant later never changes a token's tenant: an unbound (platform) token does not
+    gain the owner's new membership."""
+    _, secret = token_create(actor=principal(world.auditor), name="p", scopes=["tenants:read"])
+    MembershipFactory(user=world.auditor, tenant=world.tenant_a, role=TenantRole.ADMIN)
+    assert api(secret=secret).get("/api/v1/me/").json()["tenants"] == {}
