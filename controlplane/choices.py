@@ -98,6 +98,7 @@ class InvitationStatus(models.TextChoices):
     ACCEPTED = "accepted", "Accepted"
     DECLINED = "declined", "Declined"
     EXPIRED = "expired", "Expired"
+    WITHDRAWN = "withdrawn", "Withdrawn"
 
 
 INVITATION_TRANSITIONS: dict[str, set[str]] = {
@@ -105,10 +106,12 @@ INVITATION_TRANSITIONS: dict[str, set[str]] = {
         InvitationStatus.ACCEPTED,
         InvitationStatus.DECLINED,
         InvitationStatus.EXPIRED,
+        InvitationStatus.WITHDRAWN,
     },
     InvitationStatus.ACCEPTED: set(),
     InvitationStatus.DECLINED: set(),
     InvitationStatus.EXPIRED: set(),
+    InvitationStatus.WITHDRAWN: set(),
 }
 
 

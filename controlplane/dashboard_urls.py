@@ -13,6 +13,11 @@ urlpatterns = [
     path("tenants/<slug:slug>/edit/", views.tenant_edit, name="tenant-edit"),
     path("tenants/<slug:slug>/members/", views.member_set, name="member-set"),
     path("tenants/<slug:slug>/members/<str:username>/remove/", views.member_remove, name="member-remove"),
+    path(
+        "tenants/<slug:slug>/invitations/<int:pk>/withdraw/",
+        views.invitation_withdraw,
+        name="invitation-withdraw",
+    ),
     path("tenants/<slug:slug>/service-accounts/", views.robot_create, name="robot-create"),
     path("invitations/", views.invitation_list, name="invitations"),
     path(

@@ -98,7 +98,7 @@ class Membership(models.Model):
 class Invitation(models.Model):
     """An offer to join a tenant with a role; only the invited user can accept or decline it.
 
-    pending → accepted | declined | expired  (``choices.INVITATION_TRANSITIONS``)
+    pending → accepted | declined | expired | withdrawn  (``choices.INVITATION_TRANSITIONS``)
 
     Tenant admins cannot add an existing user of the platform to their tenant directly (that would pull
     another tenant's person in without consent); they invite, and the membership is created when the
@@ -112,6 +112,8 @@ class Invitation(models.Model):
         max_length=16, choices=InvitationStatus.choices, default=InvitationStatus.PENDING
     )
     invited_by_name = models.CharField(max_length=200)
+    # Who invited, so an invitation dies with its inviter's right to add members (None: a robot or system).
+    invited_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
     responded_at = models.DateTimeField(null=True, blank=True)

@@ -103,6 +103,13 @@ def invitations_of_tenant(principal: Principal, tenant: Tenant) -> QuerySet[Invi
     return Invitation.objects.filter(tenant=tenant).select_related("tenant", "user")
 
 
+def invitation_of_tenant_get(principal: Principal, tenant: Tenant, pk: int) -> Invitation:
+    invitation = invitations_of_tenant(principal, tenant).filter(pk=pk).first()
+    if invitation is None:
+        raise NotFound(f"No invitation {pk} in {tenant.slug}.")
+    return invitation
+
+
 def invitations_to(principal: Principal) -> QuerySet[Invitation]:
     """The invitations addressed to the calling person (none for robots)."""
     if principal.user is None:

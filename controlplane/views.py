@@ -250,6 +250,16 @@ def invitation_answer(request: HttpRequest, p: Principal, pk: int, answer: str) 
 
 @require_POST
 @page
+def invitation_withdraw(request: HttpRequest, p: Principal, slug: str, pk: int) -> HttpResponse:
+    tenant = selectors.tenant_get(p, slug)
+    invitation = selectors.invitation_of_tenant_get(p, tenant, pk)
+    tenants.invitation_withdraw(actor=p, invitation=invitation)
+    messages.success(request, f"The invitation of {invitation.user.username} is withdrawn.")
+    return redirect("dashboard:tenant", slug=slug)
+
+
+@require_POST
+@page
 def member_remove(request: HttpRequest, p: Principal, slug: str, username: str) -> HttpResponse:
     tenant = selectors.tenant_get(p, slug)
     membership = selectors.memberships_for(p, tenant).filter(user__username=username).first()

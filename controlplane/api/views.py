@@ -150,6 +150,14 @@ class TenantInvitationViewSet(PrincipalMixin, viewsets.ViewSet):
         )
         return Response(s.InvitationSerializer(invitation).data, status=201)
 
+    @extend_schema(responses={204: None, **ERRORS})
+    def destroy(self, request: Request, tenant_slug: str, pk: str) -> Response:
+        """Withdraw a pending invitation."""
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        invitation = selectors.invitation_of_tenant_get(self.principal, tenant, _int_id(pk))
+        tenants.invitation_withdraw(actor=self.principal, invitation=invitation)
+        return Response(status=204)
+
 
 class InvitationViewSet(PrincipalMixin, mixins.ListModelMixin, viewsets.GenericViewSet):
     """The invitations addressed to you: /invitations/; accept or decline them."""

@@ -7,7 +7,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.choices import InvitationStatus, PlatformRole, Scope, TenantRole
+from controlplane.choices import AuditSource, InvitationStatus, PlatformRole, Scope, TenantRole
 from controlplane.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from controlplane.models import Invitation, Membership, ServiceAccount, Tenant, User
 from controlplane.principal import Principal
@@ -187,6 +187,7 @@ def _invitation_insert(
             user=user,
             role=role,
             invited_by_name=actor.name,
+            invited_by=actor.user,
             created_at=now,
             expires_at=now + timedelta(days=settings.INVITATION_TTL_DAYS),
         )
@@ -238,13 +239,37 @@ def invitation_accept(*, actor: Principal, invitation: Invitation, now: datetime
     """The invited user joins the tenant with the invited role (before it expires)."""
     _check_invitee(actor, invitation)
     now = now or timezone.now()
-    if invitation.expires_at <= now:
-        invitations_expire(now=now, tenant=invitation.tenant, user=invitation.user)
+    if invitation.expires_at <= now:  # nothing written: the periodic task marks it expired
         raise Conflict("This invitation has expired; ask for a new one.", code="invitation_expired")
+    if not _inviter_may_still_add(invitation):
+        raise Conflict(
+            f"Whoever invited you may no longer add members to {invitation.tenant.slug}; ask one of its "
+            "admins for a new invitation.",
+            code="invitation_void",
+        )
     with transaction.atomic():
         _invitation_move(actor=actor, invitation=invitation, to=InvitationStatus.ACCEPTED, now=now)
         return _membership_write(
             actor=actor, tenant=invitation.tenant, user=invitation.user, role=invitation.role
+        )
+
+
+def _inviter_may_still_add(invitation: Invitation) -> bool:
+    inviter = invitation.invited_by
+    if inviter is None:  # a robot's or the system's invitation: it holds for its lifetime
+        return True
+    as_now = Principal.for_user(inviter, source=AuditSource.SYSTEM) if inviter.is_active else None
+    return as_now is not None and as_now.may(Scope.MEMBERS_WRITE, invitation.tenant_id)
+
+
+def invitation_withdraw(
+    *, actor: Principal, invitation: Invitation, now: datetime | None = None
+) -> Invitation:
+    """A tenant's member manager takes back a pending invitation (e.g. one a departing admin left)."""
+    actor.require(Scope.MEMBERS_WRITE, invitation.tenant_id)
+    with transaction.atomic():
+        return _invitation_move(
+            actor=actor, invitation=invitation, to=InvitationStatus.WITHDRAWN, now=now or timezone.now()
         )
 
 

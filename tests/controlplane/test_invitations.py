@@ -150,6 +150,9 @@ def test_an_invitation_expires(world):
     with pytest.raises(Conflict, match="expired"):
         invitation_accept(actor=principal(world.bob), invitation=invitation, now=later)
     invitation.refresh_from_db()
+    assert invitation.status == InvitationStatus.PENDING  # a refused accept writes nothing
+    assert invitations_expire(now=later) == 1  # the periodic sweep marks it
+    invitation.refresh_from_db()
     assert invitation.status == InvitationStatus.EXPIRED
     assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
     assert AuditEvent.objects.filter(action="invitation.expired").count() == 1
@@ -229,3 +232,40 @@ def test_members_write_does_not_tell_which_usernames_exist(world, api):
         ).status_code
         == 404
     )
+
+
+def test_a_tenant_admin_withdraws_a_pending_invitation(world, api, client):
+    invitation = _invite(api(world.alice)).json()
+    path = f"/api/v1/tenants/acme/invitations/{invitation['id']}/"
+    assert api(world.bob).delete(path).status_code == 404  # another tenant's admin
+    assert api(world.dave).delete(path).status_code == 403  # a member who does not manage members
+    assert api(world.alice).delete(path).status_code == 204
+    assert Invitation.objects.get().status == InvitationStatus.WITHDRAWN
+    assert AuditEvent.objects.filter(action="invitation.withdrawn").count() == 1
+    refused = _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/accept/")
+    assert refused.status_code == 409
+    assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
+
+    again = _invite(api(world.alice)).json()  # the console's withdraw button does the same
+    client.force_login(world.alice)
+    assert client.post(f"/tenants/acme/invitations/{again['id']}/withdraw/").status_code == 302
+    assert Invitation.objects.get(pk=again["id"]).status == InvitationStatus.WITHDRAWN
+
+
+def test_an_invitation_from_someone_who_may_no_longer_add_members_is_void(world, api):
+    """An admin demoted (or removed) after inviting cannot leave an admin invitation behind."""
+    invitation = _invite(api(world.alice), role="admin").json()
+    Membership.objects.filter(user=world.alice, tenant=world.tenant_a).update(role=TenantRole.VIEWER)
+    refused = _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/accept/")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invitation_void"
+    assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
+
+
+def test_accepting_an_expired_invitation_writes_nothing(world, api):
+    invitation = _invite(api(world.alice)).json()
+    Invitation.objects.update(expires_at=timezone.now() - timedelta(minutes=1))
+    events = AuditEvent.objects.count()
+    refused = _session(api, world.bob).post(f"/api/v1/invitations/{invitation['id']}/accept/")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "invitation_expired"
+    assert Invitation.objects.get().status == InvitationStatus.PENDING  # the periodic task expires it
+    assert AuditEvent.objects.count() == events
