@@ -130,6 +130,9 @@ def render_flags(args: dict[str, Any]) -> list[str]:
 
 
 def vllm_available() -> bool:
+    """vLLM is optional on purpose (the ``engine`` extra: GPU hosts and the test suite have it, a control
+    plane installed with ``pip install .`` does not): without it the flags are checked by our typed schema
+    only, and vLLM's own parser adds its check wherever it is installed."""
     return importlib.util.find_spec("vllm") is not None
 
 

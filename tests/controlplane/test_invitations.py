@@ -190,11 +190,8 @@ def test_console_invitation_of_someone_else_is_not_found(world, client):
     assert invitation.status == InvitationStatus.PENDING
 
 
-def test_one_service_decides_add_or_invite(world):
+def test_one_service_decides_add_or_invite(world, client):
     """The console's add-member form and the API share one rule (services.tenants), not two copies."""
-    import inspect
-
-    from controlplane import views
     from controlplane.services.tenants import membership_add_or_invite
 
     invited = membership_add_or_invite(
@@ -209,7 +206,15 @@ def test_one_service_decides_add_or_invite(world):
         actor=principal(world.admin), tenant=world.tenant_b, user=world.dave, role="viewer"
     )
     assert isinstance(added, Membership) and added.tenant == world.tenant_b
-    assert "may_add_without_consent" not in inspect.getsource(views.member_set)
+
+    # The console form decides the same way: another tenant's person is invited, never pulled in.
+    Invitation.objects.all().delete()
+    client.force_login(world.alice)
+    assert client.post("/tenants/acme/members/", {"username": "bob", "role": "admin"}).status_code == 302
+    assert Invitation.objects.get(user=world.bob).status == InvitationStatus.PENDING
+    assert not Membership.objects.filter(user=world.bob, tenant=world.tenant_a).exists()
+    assert client.post("/tenants/acme/members/", {"username": "vera", "role": "viewer"}).status_code == 302
+    assert Membership.objects.get(user=world.vera, tenant=world.tenant_a).role == TenantRole.VIEWER
 
 
 def test_members_write_does_not_tell_which_usernames_exist(world, api):

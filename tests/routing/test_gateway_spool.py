@@ -82,14 +82,17 @@ def test_a_refusal_that_names_no_record_is_resolved_one_by_one(gw):
     assert gw.gateway.usage.stats()["quarantined"] == 1
 
 
+class FullDisk:
+    """A spool segment on a disk with no space left."""
+
+    def write(self, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def tell(self) -> int:
+        return 0
+
+
 def test_a_full_disk_keeps_records_in_memory_and_ships_them(gw):
-    class FullDisk:
-        def write(self, data: bytes) -> int:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def tell(self) -> int:
-            return 0
-
     healthy, gw.gateway.usage.writer = gw.gateway.usage.writer, FullDisk()
     send(gw, 3)
     assert gw.gateway.usage.stats()["write_errors"] == 3 and len(gw.gateway.usage.memory) == 3
@@ -307,13 +310,6 @@ def test_a_write_that_fails_halfway_leaves_no_torn_line_when_the_disk_recovers(g
 
 
 def test_records_written_while_memory_is_being_shipped_are_not_lost(gw):
-    class FullDisk:
-        def write(self, data: bytes) -> int:
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def tell(self) -> int:
-            return 0
-
     usage = gw.gateway.usage
     healthy, usage.writer = usage.writer, FullDisk()
     send(gw, 2)
