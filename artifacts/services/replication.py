@@ -18,15 +18,16 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from artifacts.choices import ReplicaState
+from artifacts.drivers.copier import CopyTuning, copy_blob, verify_blob
+from artifacts.drivers.stores import ObjectStore, store_from_config
+from artifacts.models import ArtifactReplica
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from controlplane.residency import residency_refusal, weights_of
 from controlplane.services.audit import audit_record
-from regions.artifacts.copier import CopyTuning, copy_blob, verify_blob
-from regions.artifacts.stores import ObjectStore, store_from_config
-from regions.choices import ReplicaState
 from regions.drivers.base import DriverError
-from regions.models import ArtifactReplica, Region
+from regions.models import Region
 from registry.models import ModelVersion
 
 SYSTEM = Principal.system("replicator", source=AuditSource.TASK)
@@ -49,16 +50,12 @@ def needs_attempt(replica: ArtifactReplica, now: datetime) -> bool:
     return False
 
 
-def resume_replication() -> list[int]:
-    """The periodic pass: start every copy that needs an attempt, whether or not a deployment waits on it."""
-    from regions.tasks import replicate_artifact
-
+def due_replicas() -> list[int]:
+    """The periodic pass's list: residency applied to every replica (ready ones included), then each copy
+    that needs an attempt, whether or not a deployment waits on it (artifacts.tasks sends them)."""
     now = timezone.now()
     every = ArtifactReplica.objects.select_related("version__model__owner", "region")
-    due = [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
-    for replica_id in due:
-        replicate_artifact.delay(replica_id)
-    return due
+    return [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
 
 
 def home_store() -> ObjectStore:

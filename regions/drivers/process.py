@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from controlplane.errors import ValidationFailed
+from regions import hooks
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
 from registry.engine_args import render_flags, vllm_available
 
@@ -259,10 +260,12 @@ class ProcessDriver:
         return uri.path
 
     def _cached_model(self, spec: WorkloadSpec) -> str:
-        """Fill the host's model cache from the region's own store (never across regions), once per file."""
-        from regions.artifacts.stores import blob_key, store_from_config
-
-        store = store_from_config(spec.model_store)
+        """Fill the host's model cache from the region's own store (never across regions), once per file.
+        The store is read through the artifacts app (regions.hooks), which owns object stores."""
+        provider = hooks.weights_provider()
+        if provider is None:
+            raise DriverError(f"cannot fill the model cache: {hooks.NO_WEIGHTS_PROVIDER}")
+        store = provider.reader(spec.model_store)
         folder = self.root / ".models" / spec.spec_hash[:16]
         for path, sha in spec.model_files:
             target = folder / path
@@ -272,7 +275,7 @@ class ProcessDriver:
             partial = target.with_suffix(target.suffix + ".partial")
             try:
                 with partial.open("wb") as out:
-                    for chunk in store.stream(blob_key(sha)):
+                    for chunk in store.stream(sha):
                         out.write(chunk)
             except Exception as exc:
                 raise DriverError(f"cannot fetch {path} from {store.label}: {exc}") from exc
