@@ -15,6 +15,7 @@ class ArtifactReplica(models.Model):
     any → forbidden when residency (``controlplane.residency``) does not let the version be stored in the
     region: outside its allowed jurisdictions or, for a private version, outside its owner's residency;
     forbidden → pending when a changed policy allows it again (the periodic pass checks every replica).
+    Every state change is a compare-and-set (``artifacts.services.replication.replica_transition``).
     ``upload_ids`` remembers the multipart upload of each blob so a copy resumes after a crash.
     """
 

@@ -15,12 +15,17 @@ from artifacts import tasks
 from artifacts.choices import ReplicaState
 from artifacts.drivers.stores import Blobs, store_from_config
 from artifacts.models import ArtifactReplica
-from artifacts.services.replication import enforce_residency, needs_attempt, replica_for
+from artifacts.services.replication import (
+    Audited,
+    enforce_residency,
+    needs_attempt,
+    replica_for,
+    replica_transition,
+)
 from controlplane.choices import Scope
 from controlplane.errors import Conflict
 from controlplane.principal import Principal
 from controlplane.residency import residency_refusal, weights_of
-from controlplane.services.audit import audit_record
 from regions.hooks import WeightsWait
 from regions.models import DeploymentTarget, Region
 from registry.choices import VersionStatus
@@ -41,17 +46,16 @@ def replica_request(*, actor: Principal, version: ModelVersion, region: Region) 
 def replica_retry(*, actor: Principal, replica: ArtifactReplica) -> ArtifactReplica:
     actor.require(Scope.REGISTRY_WRITE, replica.version.model.owner_id)
     with transaction.atomic():
-        if not ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FAILED).update(
-            state=ReplicaState.PENDING, attempts=0, last_error="", updated_at=timezone.now()
-        ):
-            raise Conflict(f"Replica {replica} is {replica.state}; only failed replicas are retried.")
-        audit_record(
-            actor=actor,
-            action="artifact.replication_retried",
-            target=replica.version,
-            tenant=replica.version.model.owner,
-            message=replica.region.code,
+        retried = replica_transition(
+            replica,
+            ReplicaState.PENDING,
+            source={ReplicaState.FAILED},
+            audit=Audited(actor, "artifact.replication_retried", replica.region.code),
+            attempts=0,
+            last_error="",
         )
+        if not retried:
+            raise Conflict(f"Replica {replica} is {replica.state}; only failed replicas are retried.")
         _enqueue(replica)
     replica.refresh_from_db()
     return replica
