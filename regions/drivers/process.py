@@ -100,12 +100,13 @@ class ProcessDriver:
         folder.mkdir(parents=True, exist_ok=True)
         scheduled = time.time()
         self._model_path(spec)  # fetch into the host cache; fails early on an artifact we cannot reach
-        self._timing = {"scheduled_at": scheduled, "cached_at": time.time()}
+        # This apply's own clock: one driver serves all of a region's reconcile threads at once.
+        timing = {"scheduled_at": scheduled, "cached_at": time.time()}
         (folder / "spec.json").write_text(
             json.dumps({"hash": spec.spec_hash, "replicas": spec.replicas, "spec": asdict(spec)})
         )
         for index in range(spec.replicas):
-            self._ensure_running(folder, index, spec)
+            self._ensure_running(folder, index, spec, timing)
         for extra in self._replica_files(folder):
             if int(extra.stem.split("-")[1]) >= spec.replicas:
                 self._stop(json.loads(extra.read_text()))
@@ -183,7 +184,7 @@ class ProcessDriver:
         lived = state.get("exited_after", QUICK_DEATH_SECONDS + 1)
         return bool(state.get("restarts", 0) >= CRASH_LOOP_RESTARTS and lived < QUICK_DEATH_SECONDS)
 
-    def _ensure_running(self, folder: Path, index: int, spec: WorkloadSpec) -> None:
+    def _ensure_running(self, folder: Path, index: int, spec: WorkloadSpec, timing: dict[str, float]) -> None:
         state = self._read(folder, index)
         if state is not None and state["hash"] == spec.spec_hash and _alive(state["pid"], state["port"]):
             return
@@ -195,10 +196,16 @@ class ProcessDriver:
                 restarts = state.get("restarts", 0) + 1
                 state["exited_after"] = time.time() - state["started_at"]
             self._stop(state)
-        self._start(folder, index, spec, restarts, state)
+        self._start(folder, index, spec, restarts, state, timing)
 
     def _start(
-        self, folder: Path, index: int, spec: WorkloadSpec, restarts: int, previous: dict[str, Any] | None
+        self,
+        folder: Path,
+        index: int,
+        spec: WorkloadSpec,
+        restarts: int,
+        previous: dict[str, Any] | None,
+        timing: dict[str, float],
     ) -> None:
         port = _free_port(self.config.host)
         log = (folder / f"replica-{index}.log").open("ab")
@@ -225,7 +232,7 @@ class ProcessDriver:
             "restarts": restarts,
             "next_restart_at": time.time() + backoff,
             "exited_after": (previous or {}).get("exited_after"),
-            **getattr(self, "_timing", {}),
+            **timing,
         }
         (folder / f"replica-{index}.json").write_text(json.dumps(state))
 
