@@ -12,7 +12,7 @@ test-fast:  ## the suite without tests that start processes or a browser
 lint:  ## ruff, mypy over every package, deptry (every import declared for a plain install)
 	scripts/bootstrap test,dev
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . \
-	  && .venv/bin/mypy controlplane registry regions billing routing gateway \
+	  && .venv/bin/mypy controlplane registry regions artifacts billing routing gateway \
 	  && .venv/bin/deptry .
 
 smoke:  ## the README's quick start on a fresh clone of HEAD: dashboard and gateway answer, Ctrl-C stops all

@@ -5,7 +5,7 @@ alternating, on the same object:
 
 - baseline: ``dst.upload_fileobj(src.get_object()["Body"])`` with boto3's default TransferConfig
   (what a script would do between two providers);
-- ours: ``regions.artifacts.copier.copy_blob``: one sequential read hashed with SHA-256, parts uploaded
+- ours: ``artifacts.drivers.copier.copy_blob``: one sequential read hashed with SHA-256, parts uploaded
   by 8 threads (8 MiB parts by default), resumable, each part's MD5 checked against the destination's
   ETag, so the copy is verified without reading it back.
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
 os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
 
-from regions.artifacts.copier import CopyTuning, copy_blob  # noqa: E402
-from regions.artifacts.stores import S3Store, blob_key, s3_client  # noqa: E402
+from artifacts.drivers.copier import CopyTuning, copy_blob  # noqa: E402
+from artifacts.drivers.stores import S3Store, blob_key, s3_client  # noqa: E402
 
 MiB = 1024 * 1024
 

@@ -58,14 +58,3 @@ class TargetStatus(models.TextChoices):
 
 
 FINAL_TARGET_STATES = frozenset({TargetStatus.DELETED})
-
-
-class ReplicaState(models.TextChoices):
-    """Where a model version's weights stand in one region's object store."""
-
-    PENDING = "pending", "Pending"
-    COPYING = "copying", "Copying"
-    VERIFYING = "verifying", "Verifying"
-    READY = "ready", "Ready"
-    FAILED = "failed", "Failed"
-    FORBIDDEN = "forbidden", "Forbidden by residency"

@@ -20,7 +20,8 @@ from django.utils import timezone
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
-from regions.choices import DeploymentState, ReplicaState, TargetStatus
+from regions import hooks
+from regions.choices import DeploymentState, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
@@ -136,7 +137,7 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
         gone = driver.observe(workload_name(deployment)) is None
         return Outcome(TargetStatus.DELETED if gone else TargetStatus.DELETING)
     _follow_alias(target)
-    waiting = _artifacts_missing(target)
+    waiting = _weights_missing(target)
     if waiting is not None:
         return waiting
     spec = workload_spec(target)
@@ -148,26 +149,18 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
     return _outcome(target, spec, observed)
 
 
-def _artifacts_missing(target: DeploymentTarget) -> Outcome | None:
-    """In a region with its own object store, engines start only from a verified copy of the weights there."""
+def _weights_missing(target: DeploymentTarget) -> Outcome | None:
+    """In a region with its own object store, engines start only from a verified copy of the weights there;
+    the artifacts app answers (regions.hooks), and without it such a region waits rather than guess."""
     if not target.region.object_store or effective_replicas(target) == 0:
         return None
-    from regions.artifacts.replication import enforce_residency, needs_attempt, replica_for
-    from regions.tasks import replicate_artifact
-
-    replica = replica_for(target.deployment.version, target.region)
-    if enforce_residency(replica):  # a policy narrowed since the copy: never start from that copy
-        replica.refresh_from_db()  # for the reason
-    if replica.state == ReplicaState.READY:
+    provider = hooks.weights_provider()
+    if provider is None:
+        return Outcome(TargetStatus.WAITING, error=f"waiting for artifacts: {hooks.NO_WEIGHTS_PROVIDER}")
+    wait = provider.gate(target)
+    if wait is None:
         return None
-    if replica.state == ReplicaState.FORBIDDEN:
-        return Outcome(TargetStatus.FAILED, error=f"weights may not be stored here: {replica.last_error}")
-    if needs_attempt(replica, timezone.now()):
-        replicate_artifact.delay(replica.pk)
-    detail = f" ({replica.last_error})" if replica.state == ReplicaState.FAILED else ""
-    return Outcome(
-        TargetStatus.WAITING, error=f"waiting for artifacts: {replica.state} {replica.progress}%{detail}"
-    )
+    return Outcome(TargetStatus.FAILED if wait.permanent else TargetStatus.WAITING, error=wait.message)
 
 
 def _differs(observed: ObservedWorkload | None, spec: WorkloadSpec) -> bool:
@@ -247,9 +240,8 @@ def _record(target: DeploymentTarget, outcome: Outcome) -> None:
         "next_attempt_at": now + (RESYNC if settled else timedelta(seconds=3)),
     }
     _save(target, outcome.status, fields, outcome.error)
-    from billing.metering import record_allocation
-
-    record_allocation(target, outcome.allocated * target.deployment.gpu_count)
+    for listener in hooks.ALLOCATION_LISTENERS:
+        listener(target, outcome.allocated * target.deployment.gpu_count)
 
 
 def _record_error(target: DeploymentTarget, exc: DriverError) -> None:
@@ -302,9 +294,6 @@ def _finish_deletion(deployment: Deployment) -> None:
         )
 
 
-def reconcile_all() -> None:
-    """The periodic pass over every region that serves (a disabled region is reconciled down to zero)."""
-    from regions.tasks import reconcile_region as task
-
-    for region_id in Region.objects.values_list("pk", flat=True):
-        task.delay(region_id)
+def region_ids() -> list[int]:
+    """Every region, for the periodic pass (a disabled region is reconciled down to zero)."""
+    return list(Region.objects.values_list("pk", flat=True))

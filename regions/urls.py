@@ -6,8 +6,6 @@ app_name = "regions"
 
 urlpatterns = [
     path("", views.region_list, name="list"),
-    path("artifacts/", views.artifact_matrix, name="artifacts"),
-    path("artifacts/<int:pk>/retry/", views.replica_retry, name="replica-retry"),
     path("<str:code>/", views.region_detail, name="region"),
     path("<str:code>/status/", views.region_status, name="status"),
 ]

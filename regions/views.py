@@ -170,26 +170,3 @@ def deployment_delete(request: HttpRequest, p: Principal, owner: str, name: str)
     deployment = deployments.deployment_delete(actor=p, deployment=selectors.deployment_get(p, owner, name))
     messages.success(request, f"{deployment} is being deleted.")
     return redirect("deployments:list")
-
-
-@page
-def artifact_matrix(request: HttpRequest, p: Principal) -> HttpResponse:
-    from regions.artifacts.selectors import matrix, replicas_for
-    from regions.artifacts.stores import store_from_config
-
-    storage = None
-    if p.may(Scope.REGIONS_WRITE):
-        stores = selectors.regions_for(p).exclude(object_store={})
-        storage = {r.code: store_from_config(r.object_store).usage_bytes() for r in stores}
-    return render(request, "regions/artifacts.html", {"grid": matrix(replicas_for(p)), "storage": storage})
-
-
-@require_POST
-@page
-def replica_retry(request: HttpRequest, p: Principal, pk: int) -> HttpResponse:
-    from regions.artifacts.selectors import replica_get
-    from regions.artifacts.services import replica_retry as retry
-
-    replica = retry(actor=p, replica=replica_get(p, pk))
-    messages.success(request, f"Replication of {replica} restarted.")
-    return redirect("regions:artifacts")

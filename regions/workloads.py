@@ -2,6 +2,7 @@
 
 import re
 
+from regions.choices import DeploymentState, RegionStatus
 from regions.drivers.base import WorkloadSpec
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from registry.models import ModelVersion
@@ -19,8 +20,6 @@ def _label(value: str) -> str:
 
 
 def effective_replicas(target: DeploymentTarget) -> int:
-    from regions.choices import DeploymentState, RegionStatus
-
     if target.deployment.state != DeploymentState.ACTIVE or target.region.status == RegionStatus.DISABLED:
         return 0
     return target.desired_replicas

@@ -1,10 +1,17 @@
 """Who uses a model version, and who listens to its lifecycle. Capabilities that consume versions
-(deployments) register here, so the registry can refuse to retire a version that still serves and announce
-transitions without depending on those apps."""
+(deployments, artifacts) register here from their AppConfig.ready(), so the registry can refuse to retire a
+version that still serves and announce registrations and transitions without depending on those apps.
+
+Only types are imported from the registry's models, so an AppConfig module may import this one at its top.
+"""
+
+from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from registry.models import ModelVersion
+if TYPE_CHECKING:
+    from registry.models import ModelVersion
 
 # Each checker returns human-readable descriptions of what uses the version (empty: unused).
 USAGE_CHECKERS: list[Callable[[ModelVersion], list[str]]] = []
@@ -26,5 +33,16 @@ TRANSITION_LISTENERS: list[Callable[[ModelVersion, str], None]] = []
 
 
 def on_transition(listener: Callable[[ModelVersion, str], None]) -> Callable[[ModelVersion, str], None]:
-    TRANSITION_LISTENERS.append(listener)
+    if listener not in TRANSITION_LISTENERS:  # ready() may run twice (tests that reload apps)
+        TRANSITION_LISTENERS.append(listener)
+    return listener
+
+
+# Called after a new version was registered (once the registration commits), e.g. to ingest its weights.
+REGISTER_LISTENERS: list[Callable[[ModelVersion], None]] = []
+
+
+def on_register(listener: Callable[[ModelVersion], None]) -> Callable[[ModelVersion], None]:
+    if listener not in REGISTER_LISTENERS:
+        REGISTER_LISTENERS.append(listener)
     return listener

@@ -12,14 +12,16 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
+from artifacts.choices import ReplicaState
+from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
 from controlplane.choices import AuditSource, Scope, TenantStatus
 from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
 from controlplane.residency import weights_of
 from controlplane.services.audit import audit_record
-from regions.choices import DeploymentState, RegionStatus, ReplicaState, TargetStatus
-from regions.models import ArtifactReplica, DeploymentTarget, Region
+from regions.choices import DeploymentState, RegionStatus, TargetStatus
+from regions.models import DeploymentTarget, Region
 from routing.choices import Health, RoutingEventKind
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import Endpoint, Placement, TenantPolicy, route_table

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from controlplane.api.conventions import StrictSerializer
 from regions.drivers.factory import engine_of
-from regions.models import ArtifactReplica, Deployment, DeploymentEvent, DeploymentTarget, GpuPool, Region
+from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool, Region
 from regions.selectors import gpus_in_use
 
 
@@ -174,32 +174,3 @@ class DeploymentWriteSerializer(StrictSerializer):
 
 class ScaleSerializer(StrictSerializer):
     replicas = serializers.IntegerField(min_value=0, max_value=64)
-
-
-class ReplicaSerializer(serializers.ModelSerializer):
-    version = serializers.CharField(source="version.__str__")
-    region = serializers.CharField(source="region.code")
-    progress = serializers.IntegerField(read_only=True)
-
-    class Meta:
-        model = ArtifactReplica
-        fields = [
-            "id",
-            "version",
-            "region",
-            "state",
-            "progress",
-            "bytes_total",
-            "bytes_copied",
-            "throughput_mbps",
-            "attempts",
-            "last_error",
-            "started_at",
-            "finished_at",
-        ]
-
-
-class ReplicaRequestSerializer(StrictSerializer):
-    model = serializers.RegexField(r"^[-\w]+/[-\w]+$")
-    version = serializers.CharField(max_length=64)
-    region = serializers.CharField(max_length=41)

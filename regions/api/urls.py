@@ -1,6 +1,6 @@
 from django.urls import path
 
-from regions.api import artifacts, views
+from regions.api import views
 
 app_name = "regions-api"
 DEPLOYMENT = "deployments/<slug:owner>/<slug:name>/"
@@ -9,10 +9,6 @@ urlpatterns = [
     path("regions/", views.RegionListView.as_view(), name="regions"),
     path("regions/<str:code>/", views.RegionDetailView.as_view(), name="region"),
     path("regions/<str:code>/status/", views.RegionStatusView.as_view(), name="region-status"),
-    path("artifacts/replicas/", artifacts.ReplicaListView.as_view(), name="replicas"),
-    path("artifacts/replicas/<int:pk>/retry/", artifacts.ReplicaRetryView.as_view(), name="replica-retry"),
-    path("artifacts/matrix/", artifacts.ReplicaMatrixView.as_view(), name="replica-matrix"),
-    path("artifacts/storage/", artifacts.StorageView.as_view(), name="storage"),
     path("deployments/", views.DeploymentListView.as_view(), name="deployments"),
     path("deployments/placement/", views.PlacementView.as_view(), name="placement"),
     path(DEPLOYMENT, views.DeploymentDetailView.as_view(), name="deployment"),

@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from controlplane.errors import ValidationFailed
+from regions import hooks
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
 from registry.engine_args import render_flags, vllm_available
 
@@ -99,12 +100,13 @@ class ProcessDriver:
         folder.mkdir(parents=True, exist_ok=True)
         scheduled = time.time()
         self._model_path(spec)  # fetch into the host cache; fails early on an artifact we cannot reach
-        self._timing = {"scheduled_at": scheduled, "cached_at": time.time()}
+        # This apply's own clock: one driver serves all of a region's reconcile threads at once.
+        timing = {"scheduled_at": scheduled, "cached_at": time.time()}
         (folder / "spec.json").write_text(
             json.dumps({"hash": spec.spec_hash, "replicas": spec.replicas, "spec": asdict(spec)})
         )
         for index in range(spec.replicas):
-            self._ensure_running(folder, index, spec)
+            self._ensure_running(folder, index, spec, timing)
         for extra in self._replica_files(folder):
             if int(extra.stem.split("-")[1]) >= spec.replicas:
                 self._stop(json.loads(extra.read_text()))
@@ -182,7 +184,7 @@ class ProcessDriver:
         lived = state.get("exited_after", QUICK_DEATH_SECONDS + 1)
         return bool(state.get("restarts", 0) >= CRASH_LOOP_RESTARTS and lived < QUICK_DEATH_SECONDS)
 
-    def _ensure_running(self, folder: Path, index: int, spec: WorkloadSpec) -> None:
+    def _ensure_running(self, folder: Path, index: int, spec: WorkloadSpec, timing: dict[str, float]) -> None:
         state = self._read(folder, index)
         if state is not None and state["hash"] == spec.spec_hash and _alive(state["pid"], state["port"]):
             return
@@ -194,10 +196,16 @@ class ProcessDriver:
                 restarts = state.get("restarts", 0) + 1
                 state["exited_after"] = time.time() - state["started_at"]
             self._stop(state)
-        self._start(folder, index, spec, restarts, state)
+        self._start(folder, index, spec, restarts, state, timing)
 
     def _start(
-        self, folder: Path, index: int, spec: WorkloadSpec, restarts: int, previous: dict[str, Any] | None
+        self,
+        folder: Path,
+        index: int,
+        spec: WorkloadSpec,
+        restarts: int,
+        previous: dict[str, Any] | None,
+        timing: dict[str, float],
     ) -> None:
         port = _free_port(self.config.host)
         log = (folder / f"replica-{index}.log").open("ab")
@@ -224,7 +232,7 @@ class ProcessDriver:
             "restarts": restarts,
             "next_restart_at": time.time() + backoff,
             "exited_after": (previous or {}).get("exited_after"),
-            **getattr(self, "_timing", {}),
+            **timing,
         }
         (folder / f"replica-{index}.json").write_text(json.dumps(state))
 
@@ -259,10 +267,12 @@ class ProcessDriver:
         return uri.path
 
     def _cached_model(self, spec: WorkloadSpec) -> str:
-        """Fill the host's model cache from the region's own store (never across regions), once per file."""
-        from regions.artifacts.stores import blob_key, store_from_config
-
-        store = store_from_config(spec.model_store)
+        """Fill the host's model cache from the region's own store (never across regions), once per file.
+        The store is read through the artifacts app (regions.hooks), which owns object stores."""
+        provider = hooks.weights_provider()
+        if provider is None:
+            raise DriverError(f"cannot fill the model cache: {hooks.NO_WEIGHTS_PROVIDER}")
+        store = provider.reader(spec.model_store)
         folder = self.root / ".models" / spec.spec_hash[:16]
         for path, sha in spec.model_files:
             target = folder / path
@@ -272,7 +282,7 @@ class ProcessDriver:
             partial = target.with_suffix(target.suffix + ".partial")
             try:
                 with partial.open("wb") as out:
-                    for chunk in store.stream(blob_key(sha)):
+                    for chunk in store.stream(sha):
                         out.write(chunk)
             except Exception as exc:
                 raise DriverError(f"cannot fetch {path} from {store.label}: {exc}") from exc

@@ -16,6 +16,7 @@ from controlplane.services.validation import full_clean
 from regions.choices import DeploymentState, PlacementMode, TargetStatus
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
 from regions.services import placement
+from regions.tasks import reconcile_region
 from registry import selectors as registry_selectors
 from registry.choices import Visibility
 from registry.engine_args import validate_engine_args
@@ -24,8 +25,6 @@ from registry.models import ModelVersion, RegisteredModel
 
 def enqueue_reconcile(region_ids: set[int]) -> None:
     """Converge soon; the periodic pass catches anything this message misses."""
-    from regions.tasks import reconcile_region
-
     for region_id in region_ids:
         transaction.on_commit(partial(reconcile_region.delay, region_id))
 

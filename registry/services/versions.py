@@ -3,7 +3,6 @@
 from functools import partial
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -16,6 +15,7 @@ from registry.choices import FINAL_STATES, VersionStatus
 from registry.engine_args import DTYPES, QUANTIZATIONS, validate_engine_args
 from registry.models import SHA256, ModelVersion, RegisteredModel
 from registry.services.access import require_on_model
+from registry.usage import REGISTER_LISTENERS
 
 CONTENT_FIELDS = (
     "artifact_uri",
@@ -123,12 +123,10 @@ def _existing(model: RegisteredModel, version: str, sha256: str) -> ModelVersion
     return found
 
 
-def _enqueue_ingest(version: ModelVersion) -> None:
-    """Weights are streamed into the home store by a worker once the registration commits."""
-    if settings.ARTIFACT_INGEST_ON_REGISTER:
-        from regions.tasks import ingest_artifact
-
-        transaction.on_commit(partial(ingest_artifact.delay, version.pk))
+def _announce_registered(version: ModelVersion) -> None:
+    """Listeners (the artifacts app streams the weights into the home store) hear of it on commit."""
+    for listener in REGISTER_LISTENERS:
+        transaction.on_commit(partial(listener, version))
 
 
 def version_register(
@@ -156,7 +154,7 @@ def version_register(
     try:
         with transaction.atomic():
             candidate.save()
-            _enqueue_ingest(candidate)
+            _announce_registered(candidate)
             audit_record(
                 actor=actor,
                 action="model_version.registered",

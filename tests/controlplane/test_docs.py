@@ -8,7 +8,8 @@ from pathlib import Path
 from controlplane.api.conventions import DRF_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
-API_PACKAGES = ("controlplane", "registry", "regions", "billing", "routing")  # the gateway has its own docs
+# The gateway has its own docs.
+API_PACKAGES = ("controlplane", "registry", "regions", "artifacts", "billing", "routing")
 
 
 def raised_codes() -> dict[str, str]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from regions.artifacts.stores import s3_client, store_from_config
+from artifacts.drivers.stores import s3_client, store_from_config
 from regions.drivers.prometheus import prometheus_client
 from routing.health import load_from_prometheus
 

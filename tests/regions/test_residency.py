@@ -5,11 +5,14 @@ import hashlib
 
 import pytest
 
+from artifacts.drivers.stores import LocalStore, blob_key, store_from_config
+from artifacts.models import ArtifactReplica
+from artifacts.services.garbage import collect_garbage
+from artifacts.services.replication import replica_for, replicate
+from artifacts.services.scheduling import replica_request
+from artifacts.tasks import resume_replication
 from controlplane.models import AuditEvent
-from regions.artifacts.replication import replica_for, replicate, resume_replication
-from regions.artifacts.services import collect_garbage, replica_request
-from regions.artifacts.stores import LocalStore, blob_key, store_from_config
-from regions.models import ArtifactReplica, Region
+from regions.models import Region
 from registry.services.lifecycle import version_transition
 from registry.services.reports import report_submit
 from tests.conftest import principal
@@ -26,7 +29,7 @@ def home(settings, tmp_path):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def copies_now(monkeypatch):  # type: ignore[no-untyped-def]
     """Run every enqueued copy at once, in this process: what a worker would do with it."""
-    from regions import tasks
+    from artifacts import tasks
 
     monkeypatch.setattr(tasks.replicate_artifact, "delay", lambda pk: replicate(pk))
 
@@ -129,7 +132,7 @@ def test_a_copy_requested_through_the_api_is_forbidden_in_the_answer(
 
 @pytest.fixture
 def enqueued_nothing(monkeypatch):  # type: ignore[no-untyped-def]
-    from regions import tasks
+    from artifacts import tasks
 
     sent: list[int] = []
     monkeypatch.setattr(tasks.replicate_artifact, "delay", sent.append)
@@ -143,7 +146,7 @@ def test_a_copy_cannot_start_while_garbage_collection_deletes_a_forbidden_replic
     but no copy may start (and find the half-deleted blobs "already there") until the deletion is done."""
     from datetime import timedelta
 
-    from regions.artifacts import replication, services
+    from artifacts.services import garbage, replication
 
     world.tenant_a.residency = ["EU", "CH", "US"]
     world.tenant_a.save()
@@ -156,7 +159,7 @@ def test_a_copy_cannot_start_while_garbage_collection_deletes_a_forbidden_replic
     assert replica.state == "forbidden"
 
     seen: list[bool] = []
-    delete = services._delete_blobs
+    delete = garbage._delete_blobs
 
     def widened_while_deleting(target: ArtifactReplica) -> None:
         world.tenant_a.residency = ["EU", "CH", "US"]
@@ -165,7 +168,7 @@ def test_a_copy_cannot_start_while_garbage_collection_deletes_a_forbidden_replic
         seen.append(replication._claim(ArtifactReplica.objects.get(pk=target.pk)))
         delete(target)
 
-    monkeypatch.setattr(services, "_delete_blobs", widened_while_deleting)
+    monkeypatch.setattr(garbage, "_delete_blobs", widened_while_deleting)
     collect_garbage(timedelta(days=7))
     assert seen == [False]  # no copy claimed the replica while its bytes were being deleted
     after = ArtifactReplica.objects.get(pk=replica.pk)

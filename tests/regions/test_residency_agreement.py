@@ -18,17 +18,19 @@ from django.db import transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from artifacts.drivers.stores import LocalStore, blob_key, store_from_config
+from artifacts.models import ArtifactReplica
+from artifacts.services.garbage import collect_garbage
+from artifacts.services.replication import replica_for, replicate
+from artifacts.services.scheduling import replicate_ahead_when_staged
+from artifacts.tasks import resume_replication
 from billing.services import usage_ingest
 from controlplane.models import AuditEvent, Tenant
 from controlplane.principal import Principal
 from controlplane.residency import Residency, Weights, residency_of, residency_refusal, weights_of
-from regions.artifacts.replication import replica_for, replicate, resume_replication
-from regions.artifacts.services import collect_garbage
-from regions.artifacts.stores import LocalStore, blob_key, store_from_config
 from regions.choices import TargetStatus
-from regions.models import ArtifactReplica, Deployment, DeploymentTarget, GpuPool, Region
+from regions.models import Deployment, DeploymentTarget, GpuPool, Region
 from regions.services.placement import region_choices
-from regions.usage import replicate_ahead_when_staged
 from registry.models import ModelVersion
 from registry.services.models import model_register
 from routing.routes import route_table
@@ -74,7 +76,7 @@ def home(settings, tmp_path):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def enqueued(monkeypatch):  # type: ignore[no-untyped-def]
     """Copies enqueued (by copy-ahead), recorded instead of sent to a worker."""
-    from regions import tasks
+    from artifacts import tasks
 
     sent: list[int] = []
     monkeypatch.setattr(tasks.replicate_artifact, "delay", sent.append)

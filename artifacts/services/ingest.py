@@ -16,10 +16,10 @@ from urllib.parse import urlparse
 import requests
 from django.conf import settings
 
+from artifacts.drivers.stores import ObjectStore, blob_key, s3_client
+from artifacts.services.replication import home_store
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
-from regions.artifacts.replication import home_store
-from regions.artifacts.stores import ObjectStore, blob_key, s3_client
 from regions.drivers.base import DriverError
 from registry.models import ModelVersion
 from registry.services.lifecycle import version_reject

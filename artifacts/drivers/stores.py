@@ -61,6 +61,20 @@ class ObjectStore(Protocol):
     def usage_bytes(self) -> int: ...
 
 
+@dataclass(frozen=True)
+class Blobs:
+    """A store read by content address: a host fills its model cache from it (regions.hooks.BlobReader)."""
+
+    store: ObjectStore
+
+    @property
+    def label(self) -> str:
+        return self.store.label
+
+    def stream(self, sha256: str) -> Iterator[bytes]:
+        return self.store.stream(blob_key(sha256))
+
+
 def sha256_of(store: ObjectStore, key: str) -> str:
     digest = hashlib.sha256()
     for chunk in store.stream(key):

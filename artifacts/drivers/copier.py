@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 import botocore.exceptions
 
-from regions.artifacts.stores import ObjectStore, S3Store, blob_key, sha256_of
+from artifacts.drivers.stores import ObjectStore, S3Store, blob_key, sha256_of
 from regions.drivers.base import DriverError
 
 MIN_PART = 5 * 1024 * 1024  # S3's smallest part (but the last)

@@ -1,62 +1,25 @@
-"""Actions on replicas: request a copy ahead of deployment, retry a failed one, collect garbage (the copies
-of retired versions, and any bytes left in a region where residency now forbids them)."""
+"""Garbage collection: the copies of retired versions, and any bytes left in a region where residency now
+forbids them."""
 
 from contextlib import suppress
 from datetime import datetime, timedelta
-from functools import partial
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.choices import AuditSource, Scope
-from controlplane.errors import Conflict
+from artifacts.choices import ReplicaState
+from artifacts.drivers.stores import blob_key, store_from_config
+from artifacts.models import ArtifactReplica
+from artifacts.services.replication import LEASE, blobs_of
+from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
-from regions.artifacts.replication import LEASE, blobs_of, enforce_residency, replica_for
-from regions.artifacts.stores import blob_key, store_from_config
-from regions.choices import DeploymentState, ReplicaState
-from regions.models import ArtifactReplica, Deployment, Region
+from regions.choices import DeploymentState
+from regions.models import Deployment
 from registry.choices import VersionStatus
-from registry.models import ModelVersion
 
 SYSTEM = Principal.system("artifact-gc", source=AuditSource.TASK)
-
-
-def replica_request(*, actor: Principal, version: ModelVersion, region: Region) -> ArtifactReplica:
-    """Copy a version's weights into a region ahead of any deployment; where residency forbids it the
-    replica is forbidden at once (and the copy task checks again before a byte moves)."""
-    actor.require(Scope.REGISTRY_WRITE, version.model.owner_id)
-    replica = replica_for(version, region)
-    if not enforce_residency(replica):
-        _enqueue(replica)
-    replica.refresh_from_db()
-    return replica
-
-
-def replica_retry(*, actor: Principal, replica: ArtifactReplica) -> ArtifactReplica:
-    actor.require(Scope.REGISTRY_WRITE, replica.version.model.owner_id)
-    with transaction.atomic():
-        if not ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FAILED).update(
-            state=ReplicaState.PENDING, attempts=0, last_error="", updated_at=timezone.now()
-        ):
-            raise Conflict(f"Replica {replica} is {replica.state}; only failed replicas are retried.")
-        audit_record(
-            actor=actor,
-            action="artifact.replication_retried",
-            target=replica.version,
-            tenant=replica.version.model.owner,
-            message=replica.region.code,
-        )
-        _enqueue(replica)
-    replica.refresh_from_db()
-    return replica
-
-
-def _enqueue(replica: ArtifactReplica) -> None:
-    from regions.tasks import replicate_artifact
-
-    transaction.on_commit(partial(replicate_artifact.delay, replica.pk))
 
 
 def collect_garbage(retention: timedelta) -> list[str]:

@@ -7,15 +7,14 @@ from rest_framework import generics
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from artifacts import selectors
+from artifacts.api import serializers as s
+from artifacts.models import ArtifactReplica
+from artifacts.services import scheduling
 from controlplane.api.conventions import idempotent
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.choices import Scope
-from regions import selectors
-from regions.api import serializers as s
-from regions.artifacts import selectors as artifact_selectors
-from regions.artifacts import services
-from regions.artifacts.stores import store_from_config
-from regions.models import ArtifactReplica
+from regions import selectors as region_selectors
 from registry import selectors as registry_selectors
 
 
@@ -26,7 +25,7 @@ class ReplicaListView(PrincipalMixin, generics.ListAPIView):
     def get_queryset(self) -> Any:
         if getattr(self, "swagger_fake_view", False):
             return ArtifactReplica.objects.none()
-        return artifact_selectors.replicas_for(self.principal)
+        return selectors.replicas_for(self.principal)
 
     @extend_schema(request=s.ReplicaRequestSerializer, responses={202: s.ReplicaSerializer, **ERRORS})
     @idempotent
@@ -36,8 +35,8 @@ class ReplicaListView(PrincipalMixin, generics.ListAPIView):
         data.is_valid(raise_exception=True)
         model = registry_selectors.model_get(self.principal, *data.validated_data["model"].split("/"))
         version = registry_selectors.version_get(model, data.validated_data["version"])
-        region = selectors.region_get(self.principal, data.validated_data["region"])
-        replica = services.replica_request(actor=self.principal, version=version, region=region)
+        region = region_selectors.region_get(self.principal, data.validated_data["region"])
+        replica = scheduling.replica_request(actor=self.principal, version=version, region=region)
         return Response(s.ReplicaSerializer(replica).data, status=202)
 
 
@@ -45,8 +44,8 @@ class ReplicaRetryView(PrincipalMixin):
     @extend_schema(request=None, responses={202: s.ReplicaSerializer, **ERRORS})
     @idempotent
     def post(self, request: Request, pk: int) -> Response:
-        replica = services.replica_retry(
-            actor=self.principal, replica=artifact_selectors.replica_get(self.principal, pk)
+        replica = scheduling.replica_retry(
+            actor=self.principal, replica=selectors.replica_get(self.principal, pk)
         )
         return Response(s.ReplicaSerializer(replica).data, status=202)
 
@@ -54,7 +53,7 @@ class ReplicaRetryView(PrincipalMixin):
 class ReplicaMatrixView(PrincipalMixin):
     @extend_schema(responses={200: dict})
     def get(self, request: Request) -> Response:
-        grid = artifact_selectors.matrix(artifact_selectors.replicas_for(self.principal))
+        grid = selectors.matrix(selectors.replicas_for(self.principal))
         rows = [
             {
                 "version": row["version"],
@@ -70,5 +69,4 @@ class StorageView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """Bytes of model weights held in each region's object store (operators)."""
         self.principal.require(Scope.REGIONS_WRITE)
-        regions = selectors.regions_for(self.principal).exclude(object_store={})
-        return Response({r.code: store_from_config(r.object_store).usage_bytes() for r in regions})
+        return Response(selectors.storage_used(self.principal))

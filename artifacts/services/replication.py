@@ -10,6 +10,8 @@ verified by SHA-256 at the destination, and only then ``ready``.
 """
 
 import time
+from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,15 +20,16 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from artifacts.choices import REPLICA_TRANSITIONS, ReplicaState
+from artifacts.drivers.copier import CopyTuning, copy_blob, verify_blob
+from artifacts.drivers.stores import ObjectStore, store_from_config
+from artifacts.models import ArtifactReplica
 from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from controlplane.residency import residency_refusal, weights_of
 from controlplane.services.audit import audit_record
-from regions.artifacts.copier import CopyTuning, copy_blob, verify_blob
-from regions.artifacts.stores import ObjectStore, store_from_config
-from regions.choices import ReplicaState
 from regions.drivers.base import DriverError
-from regions.models import ArtifactReplica, Region
+from regions.models import Region
 from registry.models import ModelVersion
 
 SYSTEM = Principal.system("replicator", source=AuditSource.TASK)
@@ -49,16 +52,59 @@ def needs_attempt(replica: ArtifactReplica, now: datetime) -> bool:
     return False
 
 
-def resume_replication() -> list[int]:
-    """The periodic pass: start every copy that needs an attempt, whether or not a deployment waits on it."""
-    from regions.tasks import replicate_artifact
-
+def due_replicas() -> list[int]:
+    """The periodic pass's list: residency applied to every replica (ready ones included), then each copy
+    that needs an attempt, whether or not a deployment waits on it (artifacts.tasks sends them)."""
     now = timezone.now()
     every = ArtifactReplica.objects.select_related("version__model__owner", "region")
-    due = [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
-    for replica_id in due:
-        replicate_artifact.delay(replica_id)
-    return due
+    return [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
+
+
+@dataclass(frozen=True)
+class Audited:
+    """The audit event a transition writes in its own transaction, on the replica's version."""
+
+    actor: Principal
+    action: str
+    message: str
+
+
+def replica_transition(
+    replica: ArtifactReplica,
+    to: ReplicaState,
+    *,
+    source: Collection[ReplicaState] | None = None,
+    where: Q | None = None,
+    audit: Audited | None = None,
+    **fields: Any,
+) -> bool:
+    """Move a replica into ``to`` by compare-and-set: only from ``source`` (by default every state allowed
+    into ``to``, see choices.REPLICA_TRANSITIONS), and only where ``where`` holds (a free lease). Returns
+    whether this call won; the audit event is written in the same transaction, only by the winner.
+    ``replica`` is updated in memory with the plain values written."""
+    allowed = REPLICA_TRANSITIONS[to]
+    expected = allowed if source is None else frozenset(source)
+    if not expected <= allowed:
+        raise ValueError(f"a replica may not move from {sorted(expected - allowed)} to {to}")
+    now = timezone.now()
+    values = {"updated_at": now, **fields, "state": to}
+    with transaction.atomic():
+        moved = ArtifactReplica.objects.filter(where or Q(), pk=replica.pk, state__in=expected).update(
+            **values
+        )
+        if moved and audit is not None:
+            audit_record(
+                actor=audit.actor,
+                action=audit.action,
+                target=replica.version,
+                tenant=replica.version.model.owner,
+                message=audit.message,
+            )
+    if moved:
+        for name, value in values.items():
+            if not hasattr(value, "resolve_expression"):  # F("attempts") + 1 is the database's to compute
+                setattr(replica, name, value)
+    return bool(moved)
 
 
 def home_store() -> ObjectStore:
@@ -92,47 +138,40 @@ def enforce_residency(replica: ArtifactReplica) -> bool:
 
 
 def _reopen(replica: ArtifactReplica) -> None:
-    with transaction.atomic():
-        now = timezone.now()
-        fields = {"state": ReplicaState.PENDING, "attempts": 0, "last_error": "", "updated_at": now}
-        if ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.FORBIDDEN).update(**fields):
-            for name, value in fields.items():
-                setattr(replica, name, value)
-            audit_record(
-                actor=SYSTEM,
-                action="artifact.replication_allowed",
-                target=replica.version,
-                tenant=replica.version.model.owner,
-                message=f"{replica.region.code}: residency now allows the weights here",
-            )
+    replica_transition(
+        replica,
+        ReplicaState.PENDING,
+        source={ReplicaState.FORBIDDEN},
+        audit=Audited(
+            SYSTEM,
+            "artifact.replication_allowed",
+            f"{replica.region.code}: residency now allows the weights here",
+        ),
+        attempts=0,
+        last_error="",
+    )
 
 
 def _forbid(replica: ArtifactReplica, reason: str) -> None:
-    version, region = replica.version, replica.region
-    with transaction.atomic():
-        moved = (
-            ArtifactReplica.objects.filter(pk=replica.pk)
-            .exclude(state=ReplicaState.FORBIDDEN)
-            .update(state=ReplicaState.FORBIDDEN, last_error=reason, updated_at=timezone.now())
-        )
-        if not moved:  # forbidden already; keep the reason current (the policy may have changed again)
-            ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=reason).update(last_error=reason)
-        else:
-            audit_record(
-                actor=SYSTEM,
-                action="artifact.replication_forbidden",
-                target=version,
-                tenant=version.model.owner,
-                message=f"{region.code}: {reason}",
-            )
+    moved = replica_transition(
+        replica,
+        ReplicaState.FORBIDDEN,
+        audit=Audited(SYSTEM, "artifact.replication_forbidden", f"{replica.region.code}: {reason}"),
+        last_error=reason,
+    )
+    if not moved:  # forbidden already; keep the reason current (the policy may have changed again)
+        ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=reason).update(last_error=reason)
 
 
 def _claim(replica: ArtifactReplica) -> bool:
     now = timezone.now()
-    return bool(
-        ArtifactReplica.objects.filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now), pk=replica.pk)
-        .exclude(state__in=[ReplicaState.READY, ReplicaState.FORBIDDEN])
-        .update(lease_until=now + LEASE, state=ReplicaState.COPYING, started_at=now, updated_at=now)
+    return replica_transition(
+        replica,
+        ReplicaState.COPYING,
+        where=Q(lease_until__isnull=True) | Q(lease_until__lt=now),
+        lease_until=now + LEASE,
+        started_at=now,
+        updated_at=now,
     )
 
 
@@ -143,12 +182,12 @@ def replicate(replica_id: int, tuning: CopyTuning | None = None) -> ArtifactRepl
         try:
             _copy_and_verify(replica, tuning or CopyTuning(**settings.ARTIFACT_COPY_TUNING))
         except (DriverError, OSError, Exception) as exc:  # any failure is recorded; the next attempt resumes
-            ArtifactReplica.objects.filter(pk=replica.pk).exclude(state=ReplicaState.FORBIDDEN).update(
-                state=ReplicaState.FAILED,
+            replica_transition(
+                replica,
+                ReplicaState.FAILED,
                 last_error=str(exc)[:2000],
                 attempts=F("attempts") + 1,
                 lease_until=None,
-                updated_at=timezone.now(),
             )
     replica.refresh_from_db()
     return replica
@@ -187,20 +226,18 @@ def _copy_and_verify(replica: ArtifactReplica, tuning: CopyTuning) -> None:
         if not result.verified:
             unverified.append(sha)
         done += size
-    # Conditional: a replica forbidden meanwhile stays forbidden (garbage collection deletes the bytes).
-    ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.COPYING).update(
-        state=ReplicaState.VERIFYING, updated_at=timezone.now()
-    )
+    # Compare-and-set: a replica forbidden meanwhile stays forbidden (garbage collection deletes the bytes).
+    replica_transition(replica, ReplicaState.VERIFYING)
     for sha in unverified:
         verify_blob(target, sha)  # read back and hash what the destination holds
     seconds = max(time.monotonic() - started, 1e-6)
-    ArtifactReplica.objects.filter(pk=replica.pk, state=ReplicaState.VERIFYING).update(
-        state=ReplicaState.READY,
+    replica_transition(
+        replica,
+        ReplicaState.READY,
         bytes_copied=replica.bytes_total,
         upload_ids={},
         lease_until=None,
         last_error="",
         throughput_mbps=round(moved / seconds / 1e6, 1) if moved else None,
         finished_at=timezone.now(),
-        updated_at=timezone.now(),
     )

@@ -13,12 +13,13 @@ import pytest
 from django.utils import timezone
 from moto.server import ThreadedMotoServer
 
+from artifacts.drivers.copier import CopyTuning, copy_blob
+from artifacts.drivers.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
+from artifacts.models import ArtifactReplica
+from artifacts.services.replication import replica_for, replicate
+from artifacts.tasks import resume_replication
 from controlplane.models import AuditEvent
-from regions.artifacts.copier import CopyTuning, copy_blob
-from regions.artifacts.replication import replica_for, replicate, resume_replication
-from regions.artifacts.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
 from regions.drivers.base import DriverError
-from regions.models import ArtifactReplica
 from tests.conftest import child_env, principal, wait_for
 from tests.registry.conftest import register
 
@@ -129,8 +130,8 @@ import sys
 import django
 django.setup()
 from pathlib import Path
-from regions.artifacts.copier import CopyTuning, copy_blob
-from regions.artifacts.stores import LocalStore, store_from_config
+from artifacts.drivers.copier import CopyTuning, copy_blob
+from artifacts.drivers.stores import LocalStore, store_from_config
 root, endpoint, bucket, sha, size = sys.argv[1:]
 copy_blob(
     LocalStore(Path(root)),
@@ -281,7 +282,7 @@ def test_a_few_hundred_megabytes_between_two_endpoints(s3_endpoints):
     )
     assert moved.moved == len(data) and moved.verified
     assert isinstance(destination, S3Store) and destination.size_of(blob_key(sha)) == len(data)
-    from regions.artifacts.copier import verify_blob
+    from artifacts.drivers.copier import verify_blob
 
     verify_blob(destination, sha)
 
@@ -374,7 +375,7 @@ def test_garbage_collection_spares_what_deployments_use(world, chat_model, home,
 
     from django.utils import timezone
 
-    from regions.artifacts.services import collect_garbage
+    from artifacts.services.garbage import collect_garbage
     from regions.models import Deployment
 
     data = os.urandom(MiB)
@@ -408,7 +409,7 @@ def test_ingest_from_a_directory_an_http_server_and_s3(
     import http.server
     import threading
 
-    from regions.artifacts.ingest import ingest
+    from artifacts.services.ingest import ingest
 
     model_dir = tmp_path / "src-model"
     model_dir.mkdir()
@@ -464,7 +465,7 @@ def test_ingest_from_a_directory_an_http_server_and_s3(
 
 
 def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, home, tmp_path):
-    from regions.artifacts.ingest import ingest
+    from artifacts.services.ingest import ingest
 
     weights = tmp_path / "weights.bin"
     weights.write_bytes(b"not what was declared")

@@ -1,12 +1,14 @@
-"""Reads of artifact replicas: the versions × regions matrix a principal may see."""
+"""Reads of artifact replicas: the versions × regions matrix a principal may see, and storage used."""
 
 from typing import Any
 
 from django.db.models import QuerySet
 
+from artifacts.drivers.stores import store_from_config
+from artifacts.models import ArtifactReplica
 from controlplane.errors import NotFound
 from controlplane.principal import Principal
-from regions.models import ArtifactReplica
+from regions import selectors as region_selectors
 from registry.selectors import models_for
 
 
@@ -30,3 +32,10 @@ def matrix(replicas: QuerySet[ArtifactReplica]) -> dict[str, Any]:
     for replica in replicas:
         rows.setdefault(str(replica.version), {})[replica.region.code] = replica
     return {"regions": regions, "rows": [{"version": v, "cells": cells} for v, cells in sorted(rows.items())]}
+
+
+def storage_used(principal: Principal) -> dict[str, int]:
+    """Bytes of model weights held in the object store of each region the principal sees (read from the
+    stores themselves); callers check that the principal may see it (operators)."""
+    regions = region_selectors.regions_for(principal).exclude(object_store={})
+    return {r.code: store_from_config(r.object_store).usage_bytes() for r in regions}

@@ -1,0 +1,69 @@
+"""What regions asks of the apps above it, and tells them, without importing them: they register here from
+their AppConfig.ready() (artifacts, billing), and the reconciler and the process driver call what is here.
+
+- The weights provider (artifacts): is a verified copy of a version's weights in a region's own object
+  store, and if not, what the region waits for (or why it never may start); and how a host reads a blob of
+  that store into its model cache. A region with an object store and no provider starts nothing: weights
+  nobody verified are never served.
+- Allocation listeners (billing's metering): after every reconcile, the GPUs a target holds.
+
+Only types are imported from regions' models, so an AppConfig module may import this one at its top.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from regions.models import DeploymentTarget
+
+NO_WEIGHTS_PROVIDER = "no artifact service is installed to verify the weights in this region's object store"
+
+
+@dataclass(frozen=True)
+class WeightsWait:
+    """Why an engine may not start in a region yet; ``permanent``: it never may, from these weights."""
+
+    message: str
+    permanent: bool = False
+
+
+class BlobReader(Protocol):
+    """A region's object store, read by content address (a file's SHA-256)."""
+
+    @property
+    def label(self) -> str: ...
+
+    def stream(self, sha256: str) -> Iterator[bytes]: ...
+
+
+class WeightsProvider(Protocol):
+    def gate(self, target: DeploymentTarget) -> WeightsWait | None: ...  # None: verified, start
+
+    def reader(self, store_config: dict[str, Any]) -> BlobReader: ...
+
+
+_WEIGHTS: list[WeightsProvider] = []  # at most one
+
+
+def provide_weights(provider: WeightsProvider) -> None:
+    """Install the weights provider; installing again replaces it (one answer per region and version)."""
+    _WEIGHTS[:] = [provider]
+
+
+def weights_provider() -> WeightsProvider | None:
+    return _WEIGHTS[0] if _WEIGHTS else None
+
+
+# Called after every reconcile of a target with the GPUs it holds (replicas scheduled × GPUs per replica).
+ALLOCATION_LISTENERS: list[Callable[[DeploymentTarget, int], None]] = []
+
+
+def on_allocation(
+    listener: Callable[[DeploymentTarget, int], None],
+) -> Callable[[DeploymentTarget, int], None]:
+    if listener not in ALLOCATION_LISTENERS:  # ready() may run twice (tests that reload apps)
+        ALLOCATION_LISTENERS.append(listener)
+    return listener

@@ -1,0 +1,55 @@
+"""The process driver is shared by a region's reconcile threads: what one apply measures stays its own."""
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from regions.drivers import process
+from regions.drivers.base import WorkloadSpec
+from regions.drivers.process import ProcessConfig, ProcessDriver
+
+
+def spec(name: str, model_dir: Path) -> WorkloadSpec:
+    return WorkloadSpec(
+        name=name,
+        labels={},
+        replicas=1,
+        served_model_name=name,
+        model_uri=f"file://{model_dir}",
+        runtime_image="",
+        engine_args={},
+        gpu_type="L4",
+        gpu_count=1,
+    )
+
+
+def replica_state(root: Path, name: str) -> dict:
+    return json.loads((root / name / "replica-0.json").read_text())
+
+
+def test_interleaved_applies_keep_their_own_cold_start_timings(tmp_path, tiny_model_dir, monkeypatch):
+    """Another thread's apply of another workload runs while this one starts its engine (one driver per
+    region, cached): each replica still records when its own apply was scheduled and its weights cached."""
+    driver = ProcessDriver(ProcessConfig(state_dir=str(tmp_path / "state"), engine="simulator"))
+    root = Path(driver.config.state_dir)
+    first, second = spec("cp-1-first", tiny_model_dir), spec("cp-2-second", tiny_model_dir)
+    popen, interleaved = subprocess.Popen, []
+
+    def start_engine(command, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if first.served_model_name in command and not interleaved:
+            interleaved.append(True)
+            time.sleep(0.05)
+            driver.apply(second)  # another reconcile thread, between this apply's timing and its start
+        return popen(command, *args, **kwargs)
+
+    monkeypatch.setattr(process.subprocess, "Popen", start_engine)
+    try:
+        driver.apply(first)
+        mine, theirs = replica_state(root, first.name), replica_state(root, second.name)
+    finally:
+        for name in (first.name, second.name):
+            driver.delete(name)
+    assert interleaved
+    assert mine["scheduled_at"] <= mine["cached_at"] < theirs["scheduled_at"] <= theirs["cached_at"]
+    assert mine["cached_at"] <= mine["started_at"]
