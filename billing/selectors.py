@@ -4,6 +4,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
 
 from billing import reports
 from billing.models import BudgetAlert, UsageRecord
@@ -79,3 +80,13 @@ def spend_to_date(principal: Principal, *, now: datetime) -> dict[str, Any]:
 def budget_tenants(principal: Principal) -> QuerySet[Tenant]:
     """Tenants with a monthly budget whose costs the caller may read (their own; operators: all)."""
     return tenants_for(principal, Scope.BILLING_READ).filter(monthly_budget__isnull=False).order_by("slug")
+
+
+def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:
+    """Tenants whose hard limit is reached in the month of ``now`` (default: the wall clock): gateways
+    refuse their new requests."""
+    period = (now or timezone.now()).strftime("%Y-%m")
+    alerts = BudgetAlert.objects.filter(period=period, threshold__gte=100, tenant__budget_hard_limit=True)
+    if tenant_ids is not None:
+        alerts = alerts.filter(tenant_id__in=tenant_ids)
+    return set(alerts.values_list("tenant_id", flat=True))
