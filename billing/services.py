@@ -217,19 +217,35 @@ def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
         for threshold in thresholds_of(tenant):
             if percent < threshold:
                 break
-            alert, created = BudgetAlert.objects.get_or_create(
-                tenant=tenant,
-                period=period,
-                threshold=threshold,
-                defaults={"spent": used.quantize(CENT), "budget": budget},
+            alert = budget_alert_fire(
+                tenant=tenant, period=period, threshold=threshold, spent=used.quantize(CENT), budget=budget
             )
-            if created:
-                _announce(tenant, alert)
+            if alert is not None:
                 fired.append(alert)
     return fired
 
 
+def budget_alert_fire(
+    *, tenant: Tenant, period: str, threshold: int, spent: Decimal, budget: Decimal
+) -> BudgetAlert | None:
+    """Fire one threshold of one month at most once: the alert row and its audit event in one transaction,
+    the webhook once that transaction commits. None: it had fired already.
+
+    The insert is the compare-and-set: the row is unique per (tenant, period, threshold), so a concurrent
+    evaluator's insert waits for ours and then finds it, and fires nothing. A failure before the commit
+    leaves neither row nor event (and posts nothing), so the next evaluation fires it again."""
+    with transaction.atomic():
+        alert, created = BudgetAlert.objects.get_or_create(
+            tenant=tenant, period=period, threshold=threshold, defaults={"spent": spent, "budget": budget}
+        )
+        if not created:
+            return None
+        _announce(tenant, alert)
+    return alert
+
+
 def _announce(tenant: Tenant, alert: BudgetAlert) -> None:
+    """The audit event, and the webhook queued on commit of the caller's transaction."""
     blocked = tenant.budget_hard_limit and alert.threshold >= 100
     message = (
         f"{tenant.slug} spent {alert.spent} of its {alert.budget} {tenant.budget_currency} budget for "
