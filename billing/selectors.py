@@ -7,7 +7,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from billing import reports
-from billing.models import BudgetAlert, UsageRecord
+from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
 from controlplane.models import Tenant
@@ -46,6 +46,12 @@ def cost_tenants(principal: Principal) -> set[str] | None:
 def require_cost_reader(principal: Principal) -> None:
     if visible_tenant_ids(principal, Scope.BILLING_READ) == set():
         raise Forbidden("This needs the 'billing:read' permission.", detail={"scope": Scope.BILLING_READ})
+
+
+def prices_list(principal: Principal) -> QuerySet[GpuPrice]:
+    """All prices, past ones included; Forbidden to a caller who may read no costs."""
+    require_cost_reader(principal)
+    return GpuPrice.objects.select_related("region")
 
 
 def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
