@@ -111,7 +111,12 @@ class CapacitySegment(models.Model):
 
 
 class BudgetAlert(models.Model):
-    """A budget threshold crossed in a month; unique, so each fires once per period."""
+    """A budget threshold crossed in a month; unique, so each fires once per period.
+
+    It has one state, fired: ``services.budget_alert_fire`` inserts it (the unique constraint is the
+    compare-and-set between concurrent evaluators) together with its audit event, and the webhook goes
+    out once that transaction commits. A hard limit's 100 % alert blocks the tenant until the month ends.
+    """
 
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.CASCADE, related_name="budget_alerts")
     period = models.CharField(max_length=7)  # YYYY-MM

@@ -242,10 +242,18 @@ def spent_by_tenant(report: Report) -> dict[str, Decimal]:
     return dict(spent)
 
 
+DEFAULT_THRESHOLDS = [50, 80, 100]
+
+
+def thresholds_of(tenant: Tenant) -> list[int]:
+    """A tenant's alert thresholds in percent (the defaults when it chose none); 100 % always fires
+    under a hard limit, since that alert is what blocks the tenant."""
+    chosen = sorted({int(t) for t in tenant.budget_thresholds}) or DEFAULT_THRESHOLDS
+    return sorted({*chosen, 100}) if tenant.budget_hard_limit else chosen
+
+
 def budget_status(tenants: Iterable[Tenant], month: Report) -> list[dict[str, Any]]:
     """Budget, month-to-date spend, share used and alert thresholds of each tenant, from the month."""
-    from billing.services import thresholds_of
-
     spent = spent_by_tenant(month)
     found = []
     for tenant in tenants:

@@ -4,9 +4,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Count, QuerySet, Sum
+from django.utils import timezone
 
 from billing import reports
-from billing.models import BudgetAlert, UsageRecord
+from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from controlplane.choices import Scope
 from controlplane.errors import Forbidden, NotFound
 from controlplane.models import Tenant
@@ -47,6 +48,12 @@ def require_cost_reader(principal: Principal) -> None:
         raise Forbidden("This needs the 'billing:read' permission.", detail={"scope": Scope.BILLING_READ})
 
 
+def prices_list(principal: Principal) -> QuerySet[GpuPrice]:
+    """All prices, past ones included; Forbidden to a caller who may read no costs."""
+    require_cost_reader(principal)
+    return GpuPrice.objects.select_related("region")
+
+
 def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
     return scoped(BudgetAlert.objects.select_related("tenant"), principal, Scope.BILLING_READ)
 
@@ -79,3 +86,13 @@ def spend_to_date(principal: Principal, *, now: datetime) -> dict[str, Any]:
 def budget_tenants(principal: Principal) -> QuerySet[Tenant]:
     """Tenants with a monthly budget whose costs the caller may read (their own; operators: all)."""
     return tenants_for(principal, Scope.BILLING_READ).filter(monthly_budget__isnull=False).order_by("slug")
+
+
+def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:
+    """Tenants whose hard limit is reached in the month of ``now`` (default: the wall clock): gateways
+    refuse their new requests."""
+    period = (now or timezone.now()).strftime("%Y-%m")
+    alerts = BudgetAlert.objects.filter(period=period, threshold__gte=100, tenant__budget_hard_limit=True)
+    if tenant_ids is not None:
+        alerts = alerts.filter(tenant_id__in=tenant_ids)
+    return set(alerts.values_list("tenant_id", flat=True))

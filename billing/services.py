@@ -16,6 +16,7 @@ from django.utils.dateparse import parse_datetime
 from billing.choices import PricingModel
 from billing.costing import CENT
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
+from billing.reports import build, month_bounds, spent_by_tenant, thresholds_of
 from billing.residency import audit_usage_outside_residency
 from controlplane.choices import AuditSource, Scope
 from controlplane.errors import Conflict, ValidationFailed
@@ -200,18 +201,8 @@ def price_set(
     return price
 
 
-DEFAULT_THRESHOLDS = [50, 80, 100]
-
-
-def thresholds_of(tenant: Tenant) -> list[int]:
-    chosen = sorted({int(t) for t in tenant.budget_thresholds}) or DEFAULT_THRESHOLDS
-    return sorted({*chosen, 100}) if tenant.budget_hard_limit else chosen
-
-
 def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
     """Fire every threshold crossed this month, once: an audit event, the dashboard banner, a webhook."""
-    from billing.reports import build, month_bounds, spent_by_tenant
-
     now = now or timezone.now()
     period = now.strftime("%Y-%m")
     tenants = list(Tenant.objects.filter(monthly_budget__isnull=False, monthly_budget__gt=0))
@@ -226,19 +217,35 @@ def evaluate_budgets(now: datetime | None = None) -> list[BudgetAlert]:
         for threshold in thresholds_of(tenant):
             if percent < threshold:
                 break
-            alert, created = BudgetAlert.objects.get_or_create(
-                tenant=tenant,
-                period=period,
-                threshold=threshold,
-                defaults={"spent": used.quantize(CENT), "budget": budget},
+            alert = budget_alert_fire(
+                tenant=tenant, period=period, threshold=threshold, spent=used.quantize(CENT), budget=budget
             )
-            if created:
-                _announce(tenant, alert)
+            if alert is not None:
                 fired.append(alert)
     return fired
 
 
+def budget_alert_fire(
+    *, tenant: Tenant, period: str, threshold: int, spent: Decimal, budget: Decimal
+) -> BudgetAlert | None:
+    """Fire one threshold of one month at most once: the alert row and its audit event in one transaction,
+    the webhook once that transaction commits. None: it had fired already.
+
+    The insert is the compare-and-set: the row is unique per (tenant, period, threshold), so a concurrent
+    evaluator's insert waits for ours and then finds it, and fires nothing. A failure before the commit
+    leaves neither row nor event (and posts nothing), so the next evaluation fires it again."""
+    with transaction.atomic():
+        alert, created = BudgetAlert.objects.get_or_create(
+            tenant=tenant, period=period, threshold=threshold, defaults={"spent": spent, "budget": budget}
+        )
+        if not created:
+            return None
+        _announce(tenant, alert)
+    return alert
+
+
 def _announce(tenant: Tenant, alert: BudgetAlert) -> None:
+    """The audit event, and the webhook queued on commit of the caller's transaction."""
     blocked = tenant.budget_hard_limit and alert.threshold >= 100
     message = (
         f"{tenant.slug} spent {alert.spent} of its {alert.budget} {tenant.budget_currency} budget for "
@@ -267,13 +274,3 @@ def _post(url: str, payload: dict[str, Any]) -> None:
         urllib.request.urlopen(request, timeout=5).close()
     except OSError as exc:  # best effort: the audit event and the banner are the record
         log.warning("budget webhook %s failed: %s", url, exc)
-
-
-def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:
-    """Tenants whose hard limit is reached in the month of ``now`` (default: the wall clock): gateways
-    refuse their new requests."""
-    period = (now or timezone.now()).strftime("%Y-%m")
-    alerts = BudgetAlert.objects.filter(period=period, threshold__gte=100, tenant__budget_hard_limit=True)
-    if tenant_ids is not None:
-        alerts = alerts.filter(tenant_id__in=tenant_ids)
-    return set(alerts.values_list("tenant_id", flat=True))

@@ -1,12 +1,10 @@
 from celery import shared_task
 
+from billing import hooks, services
+
 
 @shared_task(name="billing.tasks.evaluate_budgets")
 def evaluate_budgets() -> int:
-    from billing.services import evaluate_budgets as evaluate
-    from routing.services import publish
-
-    fired = evaluate()
-    if fired:
-        publish()  # a hard limit reaches the gateways with the next table generation
+    fired = services.evaluate_budgets()
+    hooks.budgets_fired(fired)  # routing listens: a hard limit reaches the gateways with the next table
     return len(fired)

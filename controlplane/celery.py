@@ -10,6 +10,8 @@ from typing import Any
 from celery import Celery
 from celery.signals import before_task_publish, task_failure, task_postrun, task_prerun, task_success
 
+from controlplane.observability import TASKS, current_request_id, request_id_var
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 app = Celery("controlplane")
@@ -21,16 +23,12 @@ _TOKENS: dict[str, Any] = {}
 
 @before_task_publish.connect
 def _attach_request_id(headers: dict[str, Any] | None = None, **_: Any) -> None:
-    from controlplane.observability import current_request_id
-
     if headers is not None and current_request_id():
         headers.setdefault("request_id", current_request_id())
 
 
 @task_prerun.connect
 def _restore_request_id(task_id: str | None = None, task: Any = None, **_: Any) -> None:
-    from controlplane.observability import request_id_var
-
     rid = getattr(task.request, "request_id", None) if task is not None else None
     if task_id:
         _TOKENS[task_id] = request_id_var.set(rid or "")
@@ -38,8 +36,6 @@ def _restore_request_id(task_id: str | None = None, task: Any = None, **_: Any) 
 
 @task_postrun.connect
 def _clear_request_id(task_id: str | None = None, **_: Any) -> None:
-    from controlplane.observability import request_id_var
-
     token = _TOKENS.pop(task_id or "", None)
     if token is not None:
         request_id_var.reset(token)
@@ -47,13 +43,9 @@ def _clear_request_id(task_id: str | None = None, **_: Any) -> None:
 
 @task_success.connect
 def _count_success(sender: Any = None, **_: Any) -> None:
-    from controlplane.observability import TASKS
-
     TASKS.labels(getattr(sender, "name", "unknown"), "succeeded").inc()
 
 
 @task_failure.connect
 def _count_failure(sender: Any = None, **_: Any) -> None:
-    from controlplane.observability import TASKS
-
     TASKS.labels(getattr(sender, "name", "unknown"), "failed").inc()

@@ -8,13 +8,18 @@ from django.utils import timezone
 
 from controlplane.models import IdempotencyRecord
 from controlplane.services.audit_checkpoints import checkpoint_head
-from controlplane.services.operations import operation_run
+from controlplane.services.operations import operation_dispatcher, operation_run
 from controlplane.services.tenants import invitations_expire
 
 
 @shared_task(name="controlplane.tasks.run_operation")
 def run_operation(operation_id: str) -> None:
     operation_run(operation_id)
+
+
+@operation_dispatcher
+def _enqueue_operation(operation_id: str) -> None:
+    run_operation.delay(operation_id)
 
 
 @shared_task(name="controlplane.tasks.prune_idempotency_records")

@@ -15,6 +15,7 @@ from django.utils.crypto import salted_hmac
 from artifacts.choices import ReplicaState
 from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
+from billing.selectors import over_budget
 from controlplane.choices import AuditSource, Scope, TenantStatus
 from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
@@ -38,8 +39,6 @@ def _location(region: Region | None) -> tuple[float, float] | None:
 
 
 def policies(now: datetime | None = None) -> list[TenantPolicy]:
-    from billing.services import over_budget
-
     regions = {r.code: r for r in Region.objects.all()}
     blocked = over_budget(now=now)
     return [

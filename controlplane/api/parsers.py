@@ -15,6 +15,7 @@ from django.shortcuts import render
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
+from controlplane.api.conventions import envelope
 from controlplane.errors import ValidationFailed
 
 MAX_JSON_DEPTH = 64
@@ -87,8 +88,6 @@ class RejectNulMiddleware:
             return self.get_response(request)
         message = f"NUL characters are not allowed, and {where} contains one. Remove it and try again."
         if api:
-            from controlplane.api.conventions import envelope
-
             return JsonResponse(envelope("malformed_request", message), status=400)
         return render(request, "error.html", {"status": 400, "message": message}, status=400)
 
@@ -110,8 +109,6 @@ class RejectOversizedBodyMiddleware:
             return self.get_response(request)
         message = f"The request body is {declared} bytes; at most {limit} are accepted."
         if request.path.startswith("/api/"):
-            from controlplane.api.conventions import envelope
-
             return JsonResponse(envelope("request_too_large", message), status=413)
         return render(request, "error.html", {"status": 413, "message": message}, status=413)
 

@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 # kind → handler(operation) → result. Capabilities register their long-running actions here.
 HANDLERS: dict[str, Callable[[Operation], dict[str, Any]]] = {}
 
+# How a recorded operation reaches a worker: controlplane.tasks registers its Celery task here, because
+# tasks import services and never the other way round (the app's ready() imports tasks).
+DISPATCHERS: list[Callable[[str], None]] = []
+
 
 def operation_handler(kind: str) -> Callable[[Callable[[Operation], dict[str, Any]]], Callable[..., Any]]:
     def register(func: Callable[[Operation], dict[str, Any]]) -> Callable[[Operation], dict[str, Any]]:
@@ -27,12 +31,15 @@ def operation_handler(kind: str) -> Callable[[Callable[[Operation], dict[str, An
     return register
 
 
+def operation_dispatcher(dispatch: Callable[[str], None]) -> Callable[[str], None]:
+    DISPATCHERS.append(dispatch)
+    return dispatch
+
+
 def operation_start(
     *, actor: Principal, kind: str, params: dict[str, Any] | None = None, tenant: Tenant | None = None
 ) -> Operation:
     """Record the operation and enqueue it once the caller's transaction commits."""
-    from controlplane.tasks import run_operation
-
     if kind not in HANDLERS:
         raise NotFound(f"No operation of kind '{kind}'.")
     operation = Operation.objects.create(
@@ -43,8 +50,13 @@ def operation_start(
         created_by_key=actor.key,
         request_id=current_request_id(),
     )
-    transaction.on_commit(lambda: run_operation.delay(str(operation.pk)))
+    transaction.on_commit(lambda: _dispatch(str(operation.pk)))
     return operation
+
+
+def _dispatch(operation_id: str) -> None:
+    for dispatch in DISPATCHERS:
+        dispatch(operation_id)
 
 
 def operation_transition(operation: Operation, to: str, **fields: Any) -> None:

@@ -10,26 +10,15 @@ from django.conf import settings
 from django.http import HttpResponse
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from billing import reports, selectors, services
+from billing.api.serializers import PriceInputSerializer, PriceSerializer, UsageSerializer
 from billing.crosscheck import crosscheck
-from billing.models import GpuPrice, UsageRecord
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.errors import ValidationFailed
 from regions import selectors as region_selectors
-
-
-class UsageSerializer(serializers.ModelSerializer):
-    tenant = serializers.CharField(source="tenant.slug")
-    deployment = serializers.CharField(source="deployment.name", default=None)
-
-    class Meta:
-        model = UsageRecord
-        exclude = ["id"]
-
 
 USAGE_LIST_LIMIT = 100
 
@@ -58,29 +47,11 @@ class UsageTraceView(PrincipalMixin):
         return Response(UsageSerializer(selectors.usage_get(self.principal, request_id)).data)
 
 
-class PriceSerializer(serializers.ModelSerializer):
-    region = serializers.CharField(source="region.code")
-
-    class Meta:
-        model = GpuPrice
-        fields = ["region", "gpu_type", "pricing_model", "hourly_price", "currency", "effective_from"]
-
-
-class PriceInputSerializer(serializers.Serializer):
-    region = serializers.CharField()
-    gpu_type = serializers.CharField(max_length=32)
-    pricing_model = serializers.CharField(default="on_demand")
-    hourly_price = serializers.DecimalField(max_digits=12, decimal_places=4, min_value=Decimal(0))
-    currency = serializers.CharField(default="USD")
-    effective_from = serializers.DateTimeField()
-
-
 class PriceListView(PrincipalMixin):
     @extend_schema(responses={200: PriceSerializer(many=True)})
     def get(self, request: Request) -> Response:
         """Every price with its history (anyone who may read costs)."""
-        selectors.require_cost_reader(self.principal)
-        return Response(PriceSerializer(GpuPrice.objects.select_related("region"), many=True).data)
+        return Response(PriceSerializer(selectors.prices_list(self.principal), many=True).data)
 
     @extend_schema(request=PriceInputSerializer, responses={201: PriceSerializer, **ERRORS})
     def post(self, request: Request) -> Response:
