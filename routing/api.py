@@ -13,7 +13,7 @@ from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.choices import Scope
 from controlplane.errors import ValidationFailed
 from regions.models import Region
-from routing import exports, selectors
+from routing import exports, selectors, services
 from routing.models import EndpointHealth, RoutingEvent
 
 LONG_POLL = [
@@ -48,7 +48,7 @@ class RouteTableView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """The route table as this caller may see it (operators: all tenants). ``?wait=25`` long-polls for
         a generation newer than the one named in ``If-None-Match``."""
-        table = selectors.table_after(_if_none_match(request), _wait(request))
+        table = services.table_after(_if_none_match(request), _wait(request))
         tenants = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
         body = {"generation": table.generation, "created_at": table.created_at, "tenants": tenants}
         return _conditional(request, table.etag, body)
@@ -59,7 +59,7 @@ class GatewayConfigView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
-        table = selectors.table_after(_if_none_match(request), _wait(request))
+        table = services.table_after(_if_none_match(request), _wait(request))
         return _conditional(
             request, table.etag, {"generation": table.generation, "etag": table.etag, "table": table.body}
         )
@@ -69,7 +69,7 @@ class NginxExportView(PrincipalMixin):
     @extend_schema(responses={(200, "text/plain"): str})
     def get(self, request: Request) -> Response:
         """The caller's routes as nginx upstream blocks (for a gateway of your own)."""
-        table = selectors.table_after("", 0)
+        table = services.table_after("", 0)
         text = exports.nginx(
             selectors.tenants_view(self.principal, table.body.get("tenants", {})), table.generation
         )

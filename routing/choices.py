@@ -13,3 +13,8 @@ class RoutingEventKind(models.TextChoices):
     RESTORED = "restored", "Service restored"
     UNHEALTHY = "unhealthy", "Endpoint unhealthy"
     HEALTHY = "healthy", "Endpoint healthy"
+
+
+# Consecutive probe results before an endpoint's health changes; why these numbers: ``routing/health.py``.
+FAILURES_TO_EJECT = 2
+SUCCESSES_TO_RESTORE = 3

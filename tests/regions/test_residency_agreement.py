@@ -32,7 +32,7 @@ from regions.usage import replicate_ahead_when_staged
 from registry.models import ModelVersion
 from registry.services.models import model_register
 from routing.routes import route_table
-from routing.services import placements, policies
+from routing.selectors import placements, policies
 from tests.factories import TenantFactory
 from tests.registry.conftest import register
 
