@@ -15,6 +15,11 @@ class RoutingEventKind(models.TextChoices):
     HEALTHY = "healthy", "Endpoint healthy"
 
 
-# Consecutive probe results before an endpoint's health changes; why these numbers: ``routing/health.py``.
+# Endpoint health (``EndpointHealth.state``): consecutive probe results move it, nothing else does. Why
+# these numbers (against Envoy's outlier detection): ``routing/health.py``.
 FAILURES_TO_EJECT = 2
 SUCCESSES_TO_RESTORE = 3
+HEALTH_TRANSITIONS: dict[str, frozenset[str]] = {
+    Health.HEALTHY: frozenset({Health.UNHEALTHY}),
+    Health.UNHEALTHY: frozenset({Health.HEALTHY}),
+}

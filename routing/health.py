@@ -7,7 +7,8 @@ about 2 s of it dying, and 3 consecutive successes (3 s) restore it, enough to r
 answers once while restarting. Gateways cover the gap passively: a connect error or a 5xx before the
 first byte is retried on the next endpoint and that endpoint is skipped for 30 s (Envoy's base ejection),
 so no client request fails while the table catches up. The counts are ``choices.FAILURES_TO_EJECT`` and
-``SUCCESSES_TO_RESTORE``; ``services.record_health`` applies them.
+``SUCCESSES_TO_RESTORE``; ``services.record_health`` applies them, each change of state a compare-and-set
+written with its timeline event.
 
 Load comes from vLLM's own gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc``): from the region's Prometheus through prometheus-api-client when the region

@@ -12,13 +12,20 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from controlplane.choices import AuditSource
+from controlplane.errors import InvalidTransition
 from controlplane.models import Tenant
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
 from gateway import contract
 from regions.models import Region
 from routing import selectors
-from routing.choices import FAILURES_TO_EJECT, SUCCESSES_TO_RESTORE, Health, RoutingEventKind
+from routing.choices import (
+    FAILURES_TO_EJECT,
+    HEALTH_TRANSITIONS,
+    SUCCESSES_TO_RESTORE,
+    Health,
+    RoutingEventKind,
+)
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import route_table
 
@@ -127,25 +134,55 @@ def record_health(
 ) -> bool:
     """Apply one probe result with hysteresis; True when the endpoint changed state."""
     seen, _ = EndpointHealth.objects.get_or_create(url=url, defaults={"region": region})
-    seen.failures = 0 if ok else seen.failures + 1
-    seen.successes = seen.successes + 1 if ok else 0
-    seen.last_error, seen.latency_ms, seen.checked_at = error[:500], latency_ms, timezone.now()
-    for key in ("running", "waiting", "kv_cache"):
-        setattr(seen, key, load.get(key, 0.0))
-    changed = False
-    if seen.state == Health.HEALTHY and seen.failures >= FAILURES_TO_EJECT:
-        seen.state, changed = Health.UNHEALTHY, True
-    elif seen.state == Health.UNHEALTHY and seen.successes >= SUCCESSES_TO_RESTORE:
-        seen.state, changed = Health.HEALTHY, True
-    if changed:
-        seen.changed_at = seen.checked_at
-        kind = RoutingEventKind.HEALTHY if seen.state == Health.HEALTHY else RoutingEventKind.UNHEALTHY
-        detail = f" ({seen.last_error})" if seen.last_error else ""
-        RoutingEvent.objects.create(
-            kind=kind, from_region=region.code, message=f"{url} is {seen.state}{detail}"
+    probed: dict[str, Any] = {
+        "failures": 0 if ok else seen.failures + 1,
+        "successes": seen.successes + 1 if ok else 0,
+        "last_error": error[:500],
+        "latency_ms": latency_ms,
+        "checked_at": timezone.now(),
+        **{key: load.get(key, 0.0) for key in ("running", "waiting", "kv_cache")},
+    }
+    to = _health_due(seen.state, probed["failures"], probed["successes"])
+    if to is None:
+        EndpointHealth.objects.filter(pk=seen.pk).update(**probed)  # never the state: only a transition
+        return False
+    try:
+        endpoint_health_transition(seen, to, region=region, **probed)
+    except InvalidTransition:  # another prober moved it first: its result stands, this one is dropped
+        return False
+    return True
+
+
+def _health_due(state: str, failures: int, successes: int) -> str | None:
+    """The state the consecutive probe results call for, when it is not ``state`` (the hysteresis)."""
+    if state == Health.HEALTHY and failures >= FAILURES_TO_EJECT:
+        return Health.UNHEALTHY
+    if state == Health.UNHEALTHY and successes >= SUCCESSES_TO_RESTORE:
+        return Health.HEALTHY
+    return None
+
+
+def endpoint_health_transition(health: EndpointHealth, to: str, *, region: Region, **probed: Any) -> None:
+    """Move an endpoint to ``to`` by compare-and-set (with the probe result that moved it) and put the
+    change on the timeline in the same transaction. A lost race (the state is no longer the one read)
+    raises InvalidTransition and writes nothing."""
+    if to not in HEALTH_TRANSITIONS[health.state]:
+        raise InvalidTransition(f"{health.url} cannot go from {health.state} to {to}.")
+    at = probed.get("checked_at") or timezone.now()
+    with transaction.atomic():
+        moved = EndpointHealth.objects.filter(pk=health.pk, state=health.state).update(
+            state=to, changed_at=at, **probed
         )
-    seen.save()
-    return changed
+        if not moved:
+            raise InvalidTransition(f"{health.url} is no longer {health.state}: someone moved it first.")
+        error = probed.get("last_error", health.last_error)
+        kind = RoutingEventKind.HEALTHY if to == Health.HEALTHY else RoutingEventKind.UNHEALTHY
+        detail = f" ({error})" if error else ""
+        RoutingEvent.objects.create(
+            kind=kind, from_region=region.code, message=f"{health.url} is {to}{detail}"
+        )
+    for field, value in {**probed, "state": to, "changed_at": at}.items():
+        setattr(health, field, value)
 
 
 def forget_endpoints(live: Iterable[str]) -> None:
