@@ -14,7 +14,7 @@ urlpatterns = [
     path("api/v1/", include("controlplane.api.urls")),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("regions.api.urls")),
-    path("api/v1/", include("routing.urls")),
+    path("api/v1/", include("routing.api.urls")),
     path("api/v1/", include("billing.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
