@@ -5,7 +5,6 @@ from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,7 +13,7 @@ from controlplane.choices import Scope
 from controlplane.errors import ValidationFailed
 from regions.models import Region
 from routing import exports, selectors, services
-from routing.models import EndpointHealth, RoutingEvent
+from routing.api.serializers import EndpointHealthSerializer, RoutingEventSerializer
 
 LONG_POLL = [
     OpenApiParameter("wait", float, description="seconds to wait for a newer table (at most 30)"),
@@ -74,35 +73,6 @@ class NginxExportView(PrincipalMixin):
             selectors.tenants_view(self.principal, table.body.get("tenants", {})), table.generation
         )
         return HttpResponse(text, content_type="text/plain; charset=utf-8")  # type: ignore[return-value]
-
-
-class EndpointHealthSerializer(serializers.ModelSerializer):
-    region = serializers.CharField(source="region.code")
-
-    class Meta:
-        model = EndpointHealth
-        fields = [
-            "url",
-            "region",
-            "state",
-            "failures",
-            "successes",
-            "last_error",
-            "latency_ms",
-            "running",
-            "waiting",
-            "kv_cache",
-            "checked_at",
-            "changed_at",
-        ]
-
-
-class RoutingEventSerializer(serializers.ModelSerializer):
-    tenant = serializers.CharField(source="tenant.slug", default=None)
-
-    class Meta:
-        model = RoutingEvent
-        fields = ["kind", "tenant", "model_name", "from_region", "to_region", "message", "generation", "at"]
 
 
 class HealthView(PrincipalMixin):
