@@ -1,6 +1,7 @@
 """Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if."""
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpResponse
@@ -11,6 +12,7 @@ from rest_framework.response import Response
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.choices import Scope
 from controlplane.errors import ValidationFailed
+from gateway import contract
 from regions.models import Region
 from routing import exports, selectors, services
 from routing.api.serializers import EndpointHealthSerializer, RoutingEventSerializer
@@ -36,7 +38,7 @@ def _if_none_match(request: Request) -> str:
     return request.headers.get("If-None-Match", "").strip().removeprefix("W/").strip('"')
 
 
-def _conditional(request: Request, etag: str, body: dict[str, Any]) -> Response:
+def _conditional(request: Request, etag: str, body: Mapping[str, Any]) -> Response:
     if _if_none_match(request) == etag:
         return Response(status=304, headers={"ETag": f'"{etag}"'})
     return Response(body, headers={"ETag": f'"{etag}"'})
@@ -59,9 +61,12 @@ class GatewayConfigView(PrincipalMixin):
         """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
         table = services.table_after(_if_none_match(request), _wait(request))
-        return _conditional(
-            request, table.etag, {"generation": table.generation, "etag": table.etag, "table": table.body}
-        )
+        config: contract.GatewayConfig = {
+            "generation": table.generation,
+            "etag": table.etag,
+            "table": table.body,
+        }
+        return _conditional(request, table.etag, config)
 
 
 class NginxExportView(PrincipalMixin):
