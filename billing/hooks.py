@@ -1,0 +1,24 @@
+"""Who listens to budget alerts. Billing sits below routing, so it cannot republish the route table
+itself: routing registers here from its AppConfig.ready(), and billing calls ``budgets_fired`` after
+alerts fire, without importing anything above it."""
+
+from collections.abc import Callable
+
+from billing.models import BudgetAlert
+
+# Called with the alerts an evaluation fired (never with none), once their transactions committed.
+BUDGET_LISTENERS: list[Callable[[list[BudgetAlert]], None]] = []
+
+
+def on_budgets_fired(
+    listener: Callable[[list[BudgetAlert]], None],
+) -> Callable[[list[BudgetAlert]], None]:
+    BUDGET_LISTENERS.append(listener)
+    return listener
+
+
+def budgets_fired(alerts: list[BudgetAlert]) -> None:
+    if not alerts:
+        return
+    for listener in BUDGET_LISTENERS:
+        listener(alerts)
