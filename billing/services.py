@@ -23,30 +23,13 @@ from controlplane.errors import Conflict, ValidationFailed
 from controlplane.models import Tenant
 from controlplane.principal import Principal
 from controlplane.services.audit import audit_record
+from gateway import contract
 from regions.models import Deployment, Region
 
 log = logging.getLogger(__name__)
 SYSTEM = Principal.system("billing", source=AuditSource.TASK)
 
 MAX_BATCH = 5000
-FIELDS = {
-    "request_id",
-    "client_request_id",
-    "tenant",
-    "model_name",
-    "region",
-    "deployment",
-    "version",
-    "artifact_sha256",
-    "endpoint",
-    "status",
-    "prompt_tokens",
-    "completion_tokens",
-    "latency_ms",
-    "attempts",
-    "stream",
-    "started_at",
-}
 
 
 def usage_ingest(*, actor: Principal, records: list[dict[str, Any]]) -> dict[str, int]:
@@ -77,9 +60,9 @@ def usage_ingest(*, actor: Principal, records: list[dict[str, Any]]) -> dict[str
 
 
 def _row(index: int, record: dict[str, Any], tenants: dict[str, int]) -> UsageRecord:
-    if not isinstance(record, dict) or not {"request_id", "tenant", "started_at"} <= set(record):
+    if not isinstance(record, dict) or not contract.USAGE_REQUIRED_FIELDS.issubset(record):
         raise ValidationFailed(f"records[{index}] needs request_id, tenant and started_at.")
-    unknown = set(record) - FIELDS
+    unknown = set(record) - contract.USAGE_FIELDS
     if unknown:
         raise ValidationFailed(f"records[{index}] has unknown fields: {', '.join(sorted(unknown))}.")
     try:

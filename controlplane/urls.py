@@ -15,7 +15,7 @@ urlpatterns = [
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("regions.api.urls")),
     path("api/v1/", include("artifacts.api.urls")),
-    path("api/v1/", include("routing.urls")),
+    path("api/v1/", include("routing.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway import contract
 from gateway.balancer import Ejections, candidates, pick
 from gateway.config import RouteCache, Settings
 from gateway.inbound import Refused, parse_payload, read_body
@@ -160,11 +161,11 @@ class Gateway:
         reply: "Reply",
         tenant: str,
         name: str,
-        route: dict[str, Any],
+        route: contract.Route,
         path: str,
         payload: dict[str, Any],
         headers: dict[str, str],
-        limits: dict[str, int],
+        limits: contract.TenantLimits,
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
@@ -222,14 +223,15 @@ class Gateway:
         tenant: str,
         name: str,
         headers: dict[str, str],
-        limits: dict[str, int],
+        limits: contract.TenantLimits,
         seen: dict[str, Any],
         started: float,
         wall: datetime,
         stream: bool,
     ) -> None:
         """The request's one usage record (and its tokens against the tenant's limits); never raises."""
-        endpoint, usage = seen["endpoint"], seen["usage"]
+        endpoint: contract.Endpoint = seen["endpoint"]
+        usage = seen["usage"]
         prompt, completion = usage_tokens(usage, "prompt_tokens"), usage_tokens(usage, "completion_tokens")
         try:
             self.limits.spend_tokens(tenant, limits, prompt + completion)
@@ -257,7 +259,7 @@ class Gateway:
         )
 
     def _cache_salt(
-        self, tenant: str, endpoint: dict[str, Any], path: str, client_salt: str | None
+        self, tenant: str, endpoint: contract.Endpoint, path: str, client_salt: str | None
     ) -> str | None:
         """vLLM's ``cache_salt`` for this request: on a shared deployment always the tenant's own (a client's
         salt only subdivides it), so no tenant shares, or can time, another's cached prefixes."""
@@ -273,7 +275,7 @@ class Gateway:
     async def _forward(
         self,
         reply: "Reply",
-        endpoint: dict[str, Any],
+        endpoint: contract.Endpoint,
         path: str,
         payload: dict[str, Any],
         stream: bool,

@@ -3,7 +3,8 @@
 import hashlib
 import random
 import time
-from typing import Any
+
+from gateway import contract
 
 
 class Ejections:
@@ -26,8 +27,8 @@ class Ejections:
 
 
 def candidates(
-    endpoints: list[dict[str, Any]], ejections: Ejections, tried: set[str]
-) -> list[dict[str, Any]]:
+    endpoints: list[contract.Endpoint], ejections: Ejections, tried: set[str]
+) -> list[contract.Endpoint]:
     """The lowest-priority tier with endpoints left (not ejected here, not tried for this request)."""
     left = [e for e in endpoints if e["url"] not in tried and not ejections.ejected(e["url"])]
     if not left:
@@ -39,7 +40,7 @@ def candidates(
     return [e for e in left if e["priority"] == tier]
 
 
-def pick(tier: list[dict[str, Any]], affinity: str | None) -> dict[str, Any]:
+def pick(tier: list[contract.Endpoint], affinity: str | None) -> contract.Endpoint:
     if affinity:
         # Rendezvous hashing: the same session lands on the same engine (its KV cache) while it lives.
         return max(

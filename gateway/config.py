@@ -7,9 +7,10 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
+
+from gateway import contract
 
 log = logging.getLogger("gateway")
 
@@ -59,7 +60,7 @@ class Settings:
 @dataclass
 class RouteCache:
     settings: Settings
-    body: dict[str, Any] = field(default_factory=dict)
+    body: contract.RouteTable = field(default_factory=contract.RouteTable)  # empty: no table yet
     etag: str = ""
     generation: int = 0
     fetched_at: float = 0.0
@@ -82,15 +83,16 @@ class RouteCache:
 
     def tenant_of(self, digest: str, requested: str | None) -> str | None:
         credential = self.body.get("credentials", {}).get(digest)
-        if not credential or (credential.get("expires") and credential["expires"] < time.time()):
+        expires = credential.get("expires") if credential else None
+        if not credential or (expires and expires < time.time()):
             return None
         tenants = credential["tenants"]  # the control plane binds every token to exactly one tenant
         if len(tenants) != 1:
             return None
         return tenants[0] if requested in (None, "", tenants[0]) else None
 
-    def view(self, tenant: str) -> dict[str, Any]:
-        return self.body.get("tenants", {}).get(tenant, {"models": {}, "limits": {}})
+    def view(self, tenant: str) -> contract.TenantRoutes:
+        return self.body.get("tenants", {}).get(tenant, {"limits": {}, "blocked": "", "models": {}})
 
     async def fetch(self, session: aiohttp.ClientSession, wait: int) -> bool:
         """One conditional (long-poll) request; True when a new table arrived."""
@@ -104,7 +106,7 @@ class RouteCache:
                 self.fetched_at = time.time()
                 return False
             reply.raise_for_status()
-            data = await reply.json()
+            data: contract.GatewayConfig = await reply.json()
         self.body, self.etag, self.generation = data["table"], data["etag"], data["generation"]
         self.fetched_at = time.time()
         self._save()

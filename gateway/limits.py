@@ -2,6 +2,8 @@
 
 import time
 
+from gateway import contract
+
 
 class Bucket:
     def __init__(self, per_minute: int):
@@ -40,7 +42,7 @@ class Limits:
             bucket = self.buckets[(tenant, kind)] = Bucket(per_minute)
         return bucket
 
-    def admit(self, tenant: str, limits: dict[str, int]) -> str:
+    def admit(self, tenant: str, limits: contract.TenantLimits) -> str:
         """'' when the request may go, else which limit it hit."""
         tokens = limits.get("tokens_per_minute")
         if tokens and not self._bucket(tenant, "tokens", tokens).has_credit():
@@ -50,7 +52,7 @@ class Limits:
             return f"requests per minute ({requests})"
         return ""
 
-    def spend_tokens(self, tenant: str, limits: dict[str, int], tokens: int) -> None:
+    def spend_tokens(self, tenant: str, limits: contract.TenantLimits, tokens: int) -> None:
         per_minute = limits.get("tokens_per_minute")
         if per_minute:
             self._bucket(tenant, "tokens", per_minute).spend(tokens)

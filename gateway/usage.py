@@ -35,6 +35,7 @@ from typing import IO, Any
 
 import aiohttp
 
+from gateway import contract
 from gateway.config import Settings
 
 log = logging.getLogger("gateway")
@@ -111,7 +112,7 @@ class UsageShipper:
         self.lock = None
 
     # --- writing ---------------------------------------------------------------------------------------
-    def record(self, usage: dict[str, Any]) -> None:
+    def record(self, usage: contract.UsageRecord) -> None:
         self.memory.append(json.dumps(usage, separators=(",", ":")).encode() + b"\n")
         self.counts["spooled"] += 1
         self.backlog += 1
@@ -238,9 +239,10 @@ class UsageShipper:
                 self.counts["shipped"] += 1
 
     async def _post(self, session: aiohttp.ClientSession, records: list[Any]) -> tuple[int, str]:
+        batch: contract.UsageBatch = {"records": records}  # as spooled (a refused one is quarantined)
         async with session.post(
             f"{self.settings.control_plane}/api/v1/usage/",
-            json={"records": records},
+            json=batch,
             headers={"Authorization": f"Bearer {self.settings.token}"},
             timeout=aiohttp.ClientTimeout(total=15),
         ) as reply:

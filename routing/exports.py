@@ -1,9 +1,9 @@
 """The route table in formats existing gateways consume."""
 
-from typing import Any
+from gateway import contract
 
 
-def nginx(tenants: dict[str, Any], generation: int) -> str:
+def nginx(tenants: dict[str, contract.TenantRoutes], generation: int) -> str:
     """One upstream per (tenant, model): the first tier as weighted servers, later tiers as ``backup``.
 
     nginx sends to backup servers only when every primary one is down, which is the table's failover order.

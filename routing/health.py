@@ -6,13 +6,16 @@ probe ``/health`` every second with a 0.5 s timeout, so 2 consecutive failures e
 about 2 s of it dying, and 3 consecutive successes (3 s) restore it, enough to ride out an engine that
 answers once while restarting. Gateways cover the gap passively: a connect error or a 5xx before the
 first byte is retried on the next endpoint and that endpoint is skipped for 30 s (Envoy's base ejection),
-so no client request fails while the table catches up.
+so no client request fails while the table catches up. The counts are ``choices.FAILURES_TO_EJECT`` and
+``SUCCESSES_TO_RESTORE``; ``services.record_health`` applies them, each change of state a compare-and-set
+written with its timeline event.
 
 Load comes from vLLM's own gauges (``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
 ``vllm:kv_cache_usage_perc``): from the region's Prometheus through prometheus-api-client when the region
 names one, else from each endpoint's ``/metrics``.
 """
 
+import logging
 import time
 import urllib.error
 import urllib.request
@@ -21,14 +24,12 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from regions.choices import DeploymentState
 from regions.drivers.prometheus import prometheus_client
-from regions.models import DeploymentTarget, Region
-from routing import services
+from regions.models import Region
+from routing import selectors, services
 from routing.models import RouteTable
 
-FAILURES_TO_EJECT = 2
-SUCCESSES_TO_RESTORE = 3
+log = logging.getLogger(__name__)
 PROBE_INTERVAL_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 0.5
 GAUGES = {
@@ -81,13 +82,6 @@ def load_from_prometheus(prometheus_url: str, urls: list[str]) -> dict[str, dict
     return found
 
 
-def _endpoints() -> list[tuple[str, Region]]:
-    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
-        "region"
-    )
-    return [(url, target.region) for target in targets for url in target.endpoints]
-
-
 def _loads(endpoints: list[tuple[str, Region]], pool: ThreadPoolExecutor) -> dict[str, dict[str, float]]:
     by_region: dict[str, list[str]] = {}
     regions = {}
@@ -109,7 +103,7 @@ def _loads(endpoints: list[tuple[str, Region]], pool: ThreadPoolExecutor) -> dic
 
 def check_all() -> int:
     """Probe every ready endpoint once; returns how many changed state."""
-    endpoints = _endpoints()
+    endpoints = selectors.active_endpoints()
     with ThreadPoolExecutor(max_workers=16) as pool:
         results = list(pool.map(probe, [url for url, _ in endpoints]))
         loads = _loads(endpoints, pool)
@@ -133,6 +127,6 @@ def run_forever(interval: float = PROBE_INTERVAL_SECONDS, rounds: int | None = N
         try:
             cycle()
         except Exception:  # one bad round (a database restart) must not stop routing
-            services.log.exception("routing round failed")
+            log.exception("routing round failed")
         done += 1
         time.sleep(max(0.0, interval - (time.monotonic() - started)))

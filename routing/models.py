@@ -24,7 +24,13 @@ class RouteTable(models.Model):
 
 
 class EndpointHealth(models.Model):
-    """What the prober saw of one engine endpoint, with hysteresis counters and vLLM's load gauges."""
+    """What the prober saw of one engine endpoint, with hysteresis counters and vLLM's load gauges.
+
+    ``state``: healthy → unhealthy after ``FAILURES_TO_EJECT`` consecutive failed probes, unhealthy →
+    healthy after ``SUCCESSES_TO_RESTORE`` consecutive successes (``choices.HEALTH_TRANSITIONS``); a new
+    endpoint starts healthy. Only ``services.endpoint_health_transition`` moves it (compare-and-set, with
+    the ``RoutingEvent`` in the same transaction).
+    """
 
     url = models.CharField(max_length=500, unique=True)
     region = models.ForeignKey("regions.Region", on_delete=models.CASCADE, related_name="endpoint_health")

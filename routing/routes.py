@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from controlplane.residency import Residency, Weights, residency_refusal
+from gateway import contract
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class TenantPolicy:
     slug: str
     residency: frozenset[str]
     home: tuple[float, float] | None = None  # the home region's location
-    limits: dict[str, int] = field(default_factory=dict)  # requests_per_minute, tokens_per_minute
+    limits: contract.TenantLimits = field(default_factory=contract.TenantLimits)
     blocked: str = ""  # why gateways refuse every new request (a budget's hard limit)
 
 
@@ -106,14 +107,14 @@ def _why_not(policy: TenantPolicy, placement: Placement) -> str:
     return ""
 
 
-def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, object]:
+def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Route:
     """The route of one model name for one tenant."""
     mine = sorted(
         placements,
         key=lambda p: (distance_km(policy.home, p.location), p.gpu_hour_price or Decimal(0), p.region),
     )
     eligible = [p for p in mine if not _why_not(policy, p)]
-    endpoints = [
+    endpoints: list[contract.Endpoint] = [
         {
             "url": endpoint.url,
             "region": placement.region,
@@ -131,7 +132,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, ob
     ]
     compliant = [p for p in mine if _refusal(policy, p) is None]
     # Where the traffic goes when everything is healthy: moving back there is a failback.
-    entry: dict[str, object] = {"endpoints": endpoints, "preferred": compliant[0].region if compliant else ""}
+    entry: contract.Route = {"endpoints": endpoints, "preferred": compliant[0].region if compliant else ""}
     if not endpoints:
         allowed = ", ".join(sorted(policy.residency)) or "none"
         reasons = "; ".join(_why_not(policy, p) for p in mine) or "not deployed"
@@ -144,14 +145,14 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> dict[str, ob
 
 def route_table(
     policies: Iterable[TenantPolicy], placements: Iterable[Placement]
-) -> dict[str, dict[str, object]]:
+) -> dict[str, contract.TenantRoutes]:
     """{tenant: {"models": {name: route}, "limits": {...}}} for every tenant."""
     by_tenant: dict[str, dict[str, list[Placement]]] = {}
     for placement in placements:
         by_tenant.setdefault(placement.tenant, {}).setdefault(placement.name, []).append(placement)
     return {
         policy.slug: {
-            "limits": dict(policy.limits),
+            "limits": policy.limits.copy(),
             "blocked": policy.blocked,
             "models": {
                 name: route(policy, found) for name, found in sorted(by_tenant.get(policy.slug, {}).items())

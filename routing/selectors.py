@@ -1,23 +1,30 @@
-"""What each caller may see of routing: operators everything, tenants their own routes and events."""
+"""What each caller may see of routing: operators everything, tenants their own routes and events; and the
+snapshot of the platform the route table is computed from (policies, placements, credentials)."""
 
-import time
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
-from controlplane.choices import Scope
+from artifacts.choices import ReplicaState
+from artifacts.models import ArtifactReplica
+from billing.reports import prices_now
+from billing.selectors import over_budget
+from controlplane.choices import AuditSource, Scope, TenantStatus
+from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
+from controlplane.residency import weights_of
 from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
-from regions.choices import RegionStatus
+from gateway import contract
+from regions.choices import DeploymentState, RegionStatus, TargetStatus
 from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
-from routing import services
 from routing.choices import Health, RoutingEventKind
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
-from routing.routes import route_table
-
-LONG_POLL_LIMIT = 30.0
+from routing.routes import Endpoint, Placement, TenantPolicy, route_table
 
 
 def visible_tenants(principal: Principal) -> set[str] | None:
@@ -30,16 +37,6 @@ def visible_tenants(principal: Principal) -> set[str] | None:
 def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:
     allowed = visible_tenants(principal)
     return tenants if allowed is None else {slug: view for slug, view in tenants.items() if slug in allowed}
-
-
-def table_after(etag: str, wait: float) -> RouteTable:
-    """The newest table, waiting up to ``wait`` seconds for one whose ETag differs from ``etag``."""
-    deadline = time.monotonic() + min(max(wait, 0.0), LONG_POLL_LIMIT)
-    while True:
-        table = services.current() or services.publish()
-        if table.etag != etag or time.monotonic() >= deadline:
-            return table
-        time.sleep(0.2)
 
 
 def endpoint_health(principal: Principal) -> QuerySet[EndpointHealth]:
@@ -57,10 +54,10 @@ def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:
 
 def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
     """If ``region_code`` failed: which tenants' models would lose service, and which would lose capacity."""
-    policies, placements = services.policies(), services.placements()
-    failed = [p if p.region != region_code else replace(p, region_active=False) for p in placements]
-    before = tenants_view(principal, route_table(policies, placements))
-    after = tenants_view(principal, route_table(policies, failed))
+    tenants, served = policies(), placements()
+    failed = [p if p.region != region_code else replace(p, region_active=False) for p in served]
+    before = tenants_view(principal, route_table(tenants, served))
+    after = tenants_view(principal, route_table(tenants, failed))
     impact = []
     for slug, view in sorted(before.items()):
         for name, route in sorted(view["models"].items()):
@@ -117,3 +114,161 @@ def region_health(principal: Principal) -> dict[str, dict[str, Any]]:
             "unhealthy": found[Health.UNHEALTHY],
         }
     return health
+
+
+def current() -> RouteTable | None:
+    return RouteTable.objects.order_by("-generation").first()
+
+
+def active_endpoints() -> list[tuple[str, Region]]:
+    """Every endpoint of an active deployment, with its region: what the prober checks."""
+    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
+        "region"
+    )
+    return [(url, target.region) for target in targets for url in target.endpoints]
+
+
+def _location(region: Region | None) -> tuple[float, float] | None:
+    if region is None or region.latitude is None or region.longitude is None:
+        return None
+    return (region.latitude, region.longitude)
+
+
+def policies(now: datetime | None = None) -> list[TenantPolicy]:
+    regions = {r.code: r for r in Region.objects.all()}
+    blocked = over_budget(now=now)
+    return [
+        TenantPolicy(
+            slug=tenant.slug,
+            residency=frozenset(tenant.residency),
+            home=_location(regions.get(tenant.home_region)),
+            limits=_limits(tenant),
+            blocked=(
+                f"the monthly budget of {tenant.monthly_budget} {tenant.budget_currency} is spent; "
+                "new requests are refused until next month or a higher budget"
+                if tenant.pk in blocked
+                else ""
+            ),
+        )
+        for tenant in Tenant.objects.filter(status=TenantStatus.ACTIVE)
+    ]
+
+
+def _limits(tenant: Tenant) -> contract.TenantLimits:
+    """The tenant's per-minute limits; one not set (or zero) is left out."""
+    limits: contract.TenantLimits = {}
+    if tenant.requests_per_minute:
+        limits["requests_per_minute"] = tenant.requests_per_minute
+    if tenant.tokens_per_minute:
+        limits["tokens_per_minute"] = tenant.tokens_per_minute
+    return limits
+
+
+def placements(now: datetime | None = None) -> list[Placement]:
+    health = {h.url: h for h in EndpointHealth.objects.all()}
+    verified = set(
+        ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
+    )
+    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
+        "deployment__owner", "deployment__version__model__owner", "region"
+    )
+    price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
+    everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
+    own_names = set(
+        targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
+    )
+    found = []
+    for target in targets:
+        deployment, version, region = target.deployment, target.deployment.version, target.region
+        endpoints = tuple(_endpoint(url, health.get(url)) for url in target.endpoints)
+        # A shared deployment is offered to every tenant, except where a tenant runs its own of that name.
+        callers = (
+            [t for t in everyone if (t, deployment.name) not in own_names]
+            if deployment.shared
+            else [deployment.owner.slug]
+        )
+        found += [
+            Placement(
+                tenant=caller,
+                name=deployment.name,
+                deployment_id=deployment.pk,
+                version=f"{version.model.name}@{version.version}",
+                served_model=version.served_model_name,
+                artifact_sha256=version.artifact_sha256,
+                allowed_jurisdictions=frozenset(version.allowed_jurisdictions),
+                region=region.code,
+                jurisdiction=region.jurisdiction,
+                region_active=region.status == RegionStatus.ACTIVE,
+                ready=target.status in (TargetStatus.READY, TargetStatus.DEGRADED) and bool(endpoints),
+                weights_verified=not region.object_store or (version.pk, region.pk) in verified,
+                endpoints=endpoints,
+                owner=weights_of(version).owner,
+                location=_location(region),
+                gpu_hour_price=price_of(region, deployment.gpu_type),
+                shared=deployment.shared,
+            )
+            for caller in callers
+        ]
+    return found
+
+
+def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:
+    if seen is None:  # not probed yet: the reconciler saw it answer /health, which made it ready
+        return Endpoint(url)
+    return Endpoint(url, seen.state == Health.HEALTHY, seen.running, seen.waiting, seen.kv_cache)
+
+
+def credentials(now: datetime | None = None) -> dict[str, contract.Credential]:
+    """Token digest → the one tenant it is bound to and may call models for (for offline authentication)."""
+    now = now or timezone.now()
+    tokens = (
+        ApiToken.objects.filter(revoked_at__isnull=True)
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        .select_related("user", "service_account__tenant", "tenant")
+    )
+    found: dict[str, contract.Credential] = {}
+    for token in tokens:
+        if Scope.MODELS_INVOKE not in token.scopes:
+            continue
+        principal = _principal_of(token)
+        if principal is None:
+            continue
+        tenants = [
+            tenant.slug
+            for tenant in _tenants_of(token)
+            if principal.may(Scope.MODELS_INVOKE, tenant.pk) and tenant.status == TenantStatus.ACTIVE
+        ]
+        if tenants:
+            expires = token.expires_at.timestamp() if token.expires_at else None
+            found[token.digest] = {"tenants": sorted(tenants), "token": token.prefix, "expires": expires}
+    return found
+
+
+def cache_salts() -> dict[str, str]:
+    """Each tenant's vLLM ``cache_salt`` on shared deployments, for gateways only (like the digests).
+
+    An HMAC of the tenant under the control plane's secret key: stable (every gateway sends the same, so
+    the tenant's own prefixes stay cached), and no tenant can compute another's.
+    """
+    slugs = Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True)
+    return {
+        slug: salted_hmac("routing.cache_salt", slug, algorithm="sha256").hexdigest()[:32] for slug in slugs
+    }
+
+
+def _principal_of(token: ApiToken) -> Principal | None:
+    if token.user is not None:
+        return (
+            Principal.for_user(token.user, source=AuditSource.API, token=token)
+            if token.user.is_active
+            else None
+        )
+    robot = token.service_account
+    if robot is None or not robot.is_active:
+        return None
+    return Principal.for_service_account(robot, token=token, source=AuditSource.API)
+
+
+def _tenants_of(token: ApiToken) -> list[Tenant]:
+    """Exactly the tenant the token is bound to: an unbound token is not valid at the gateway."""
+    return [token.tenant] if token.tenant is not None else []

@@ -1,195 +1,61 @@
-"""Building, publishing and watching the route table; one code path for the loop, the API and tests."""
+"""Every write of routing: publishing the route table (with the failovers it records) and the endpoint-health
+state machine; one code path for the loop, the API and tests. Reads are in ``routing.selectors``."""
 
 import hashlib
 import json
-import logging
+import time
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
-from django.utils.crypto import salted_hmac
 
-from artifacts.choices import ReplicaState
-from artifacts.models import ArtifactReplica
-from billing.reports import prices_now
-from billing.selectors import over_budget
-from controlplane.choices import AuditSource, Scope, TenantStatus
-from controlplane.models import ApiToken, Tenant
+from controlplane.choices import AuditSource
+from controlplane.errors import InvalidTransition
+from controlplane.models import Tenant
 from controlplane.principal import Principal
-from controlplane.residency import weights_of
 from controlplane.services.audit import audit_record
-from regions.choices import DeploymentState, RegionStatus, TargetStatus
-from regions.models import DeploymentTarget, Region
-from routing.choices import Health, RoutingEventKind
+from gateway import contract
+from regions.models import Region
+from routing import selectors
+from routing.choices import (
+    FAILURES_TO_EJECT,
+    HEALTH_TRANSITIONS,
+    SUCCESSES_TO_RESTORE,
+    Health,
+    RoutingEventKind,
+)
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
-from routing.routes import Endpoint, Placement, TenantPolicy, route_table
+from routing.routes import route_table
 
-log = logging.getLogger(__name__)
 SYSTEM = Principal.system("router", source=AuditSource.TASK)
 KEEP_GENERATIONS = 200
+LONG_POLL_LIMIT = 30.0
 
 
-def _location(region: Region | None) -> tuple[float, float] | None:
-    if region is None or region.latitude is None or region.longitude is None:
-        return None
-    return (region.latitude, region.longitude)
-
-
-def policies(now: datetime | None = None) -> list[TenantPolicy]:
-    regions = {r.code: r for r in Region.objects.all()}
-    blocked = over_budget(now=now)
-    return [
-        TenantPolicy(
-            slug=tenant.slug,
-            residency=frozenset(tenant.residency),
-            home=_location(regions.get(tenant.home_region)),
-            limits={
-                key: value
-                for key, value in (
-                    ("requests_per_minute", tenant.requests_per_minute),
-                    ("tokens_per_minute", tenant.tokens_per_minute),
-                )
-                if value
-            },
-            blocked=(
-                f"the monthly budget of {tenant.monthly_budget} {tenant.budget_currency} is spent; "
-                "new requests are refused until next month or a higher budget"
-                if tenant.pk in blocked
-                else ""
-            ),
-        )
-        for tenant in Tenant.objects.filter(status=TenantStatus.ACTIVE)
-    ]
-
-
-def placements(now: datetime | None = None) -> list[Placement]:
-    health = {h.url: h for h in EndpointHealth.objects.all()}
-    verified = set(
-        ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
-    )
-    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
-        "deployment__owner", "deployment__version__model__owner", "region"
-    )
-    price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
-    everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
-    own_names = set(
-        targets.filter(deployment__shared=False).values_list("deployment__owner__slug", "deployment__name")
-    )
-    found = []
-    for target in targets:
-        deployment, version, region = target.deployment, target.deployment.version, target.region
-        endpoints = tuple(_endpoint(url, health.get(url)) for url in target.endpoints)
-        # A shared deployment is offered to every tenant, except where a tenant runs its own of that name.
-        callers = (
-            [t for t in everyone if (t, deployment.name) not in own_names]
-            if deployment.shared
-            else [deployment.owner.slug]
-        )
-        found += [
-            Placement(
-                tenant=caller,
-                name=deployment.name,
-                deployment_id=deployment.pk,
-                version=f"{version.model.name}@{version.version}",
-                served_model=version.served_model_name,
-                artifact_sha256=version.artifact_sha256,
-                allowed_jurisdictions=frozenset(version.allowed_jurisdictions),
-                region=region.code,
-                jurisdiction=region.jurisdiction,
-                region_active=region.status == RegionStatus.ACTIVE,
-                ready=target.status in (TargetStatus.READY, TargetStatus.DEGRADED) and bool(endpoints),
-                weights_verified=not region.object_store or (version.pk, region.pk) in verified,
-                endpoints=endpoints,
-                owner=weights_of(version).owner,
-                location=_location(region),
-                gpu_hour_price=price_of(region, deployment.gpu_type),
-                shared=deployment.shared,
-            )
-            for caller in callers
-        ]
-    return found
-
-
-def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:
-    if seen is None:  # not probed yet: the reconciler saw it answer /health, which made it ready
-        return Endpoint(url)
-    return Endpoint(url, seen.state == Health.HEALTHY, seen.running, seen.waiting, seen.kv_cache)
-
-
-def credentials(now: datetime | None = None) -> dict[str, dict[str, Any]]:
-    """Token digest → the one tenant it is bound to and may call models for (for offline authentication)."""
-    now = now or timezone.now()
-    tokens = (
-        ApiToken.objects.filter(revoked_at__isnull=True)
-        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        .select_related("user", "service_account__tenant", "tenant")
-    )
-    found = {}
-    for token in tokens:
-        if Scope.MODELS_INVOKE not in token.scopes:
-            continue
-        principal = _principal_of(token)
-        if principal is None:
-            continue
-        tenants = [
-            tenant.slug
-            for tenant in _tenants_of(token)
-            if principal.may(Scope.MODELS_INVOKE, tenant.pk) and tenant.status == TenantStatus.ACTIVE
-        ]
-        if tenants:
-            expires = token.expires_at.timestamp() if token.expires_at else None
-            found[token.digest] = {"tenants": sorted(tenants), "token": token.prefix, "expires": expires}
-    return found
-
-
-def cache_salts() -> dict[str, str]:
-    """Each tenant's vLLM ``cache_salt`` on shared deployments, for gateways only (like the digests).
-
-    An HMAC of the tenant under the control plane's secret key: stable (every gateway sends the same, so
-    the tenant's own prefixes stay cached), and no tenant can compute another's.
-    """
-    slugs = Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True)
-    return {
-        slug: salted_hmac("routing.cache_salt", slug, algorithm="sha256").hexdigest()[:32] for slug in slugs
-    }
-
-
-def _principal_of(token: ApiToken) -> Principal | None:
-    if token.user is not None:
-        return (
-            Principal.for_user(token.user, source=AuditSource.API, token=token)
-            if token.user.is_active
-            else None
-        )
-    robot = token.service_account
-    if robot is None or not robot.is_active:
-        return None
-    return Principal.for_service_account(robot, token=token, source=AuditSource.API)
-
-
-def _tenants_of(token: ApiToken) -> list[Tenant]:
-    """Exactly the tenant the token is bound to: an unbound token is not valid at the gateway."""
-    return [token.tenant] if token.tenant is not None else []
-
-
-def current() -> RouteTable | None:
-    return RouteTable.objects.order_by("-generation").first()
+def table_after(etag: str, wait: float) -> RouteTable:
+    """The newest table, waiting up to ``wait`` seconds for one whose ETag differs from ``etag``; the first
+    generation is published on demand (before the routing loop ever ran)."""
+    deadline = time.monotonic() + min(max(wait, 0.0), LONG_POLL_LIMIT)
+    while True:
+        table = selectors.current() or publish()
+        if table.etag != etag or time.monotonic() >= deadline:
+            return table
+        time.sleep(0.2)
 
 
 def publish(now: datetime | None = None) -> RouteTable:
     """Compute the table as of ``now`` (default: the wall clock; budgets, prices and token expiry depend on
     it); write a new generation only if it changed, recording failovers and failbacks."""
     now = now or timezone.now()
-    body: dict[str, Any] = {
-        "tenants": route_table(policies(now), placements(now)),
-        "credentials": credentials(now),
-        "cache_salts": cache_salts(),
+    body: contract.RouteTable = {
+        "tenants": route_table(selectors.policies(now), selectors.placements(now)),
+        "credentials": selectors.credentials(now),
+        "cache_salts": selectors.cache_salts(),
     }
     etag = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
-    latest = current()
+    latest = selectors.current()
     if latest is not None and latest.etag == etag:
         return latest
     try:
@@ -200,17 +66,20 @@ def publish(now: datetime | None = None) -> RouteTable:
             if latest is not None:
                 _record_moves(latest.body.get("tenants", {}), body["tenants"], table.generation)
     except IntegrityError:  # another publisher wrote this generation first; theirs is as fresh
-        return current() or publish(now)
+        winner = selectors.current()
+        if winner is None:  # not a lost race after all
+            raise
+        return winner
     RouteTable.objects.filter(generation__lte=table.generation - KEEP_GENERATIONS).delete()
     return table
 
 
-def _primary(route: dict[str, Any]) -> str:
+def _primary(route: contract.Route) -> str:
     endpoints = route.get("endpoints") or []
     return str(endpoints[0]["region"]) if endpoints else ""
 
 
-def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int) -> None:
+def _record_moves(before: dict[str, Any], after: dict[str, contract.TenantRoutes], generation: int) -> None:
     """Compare where each tenant's model was served first, before and after; audit every failover,
     failback, outage and restore (a model coming up for the first time is none of these)."""
     tenants = {t.slug: t for t in Tenant.objects.filter(slug__in=after)}
@@ -239,7 +108,7 @@ def _record_moves(before: dict[str, Any], after: dict[str, Any], generation: int
 
 
 def _move(
-    tenant: Tenant | None, name: str, was: str, now: str, route: dict[str, Any]
+    tenant: Tenant | None, name: str, was: str, now: str, route: contract.Route
 ) -> tuple[str, str] | None:
     """What a change of serving region is, judged against what this route lived through before; None when
     nothing failed and nothing came back (first service, or the preferred region joining at bring-up)."""
@@ -264,28 +133,56 @@ def record_health(
     url: str, region: Region, ok: bool, error: str, latency_ms: float | None, load: dict[str, float]
 ) -> bool:
     """Apply one probe result with hysteresis; True when the endpoint changed state."""
-    from routing.health import FAILURES_TO_EJECT, SUCCESSES_TO_RESTORE
-
     seen, _ = EndpointHealth.objects.get_or_create(url=url, defaults={"region": region})
-    seen.failures = 0 if ok else seen.failures + 1
-    seen.successes = seen.successes + 1 if ok else 0
-    seen.last_error, seen.latency_ms, seen.checked_at = error[:500], latency_ms, timezone.now()
-    for key in ("running", "waiting", "kv_cache"):
-        setattr(seen, key, load.get(key, 0.0))
-    changed = False
-    if seen.state == Health.HEALTHY and seen.failures >= FAILURES_TO_EJECT:
-        seen.state, changed = Health.UNHEALTHY, True
-    elif seen.state == Health.UNHEALTHY and seen.successes >= SUCCESSES_TO_RESTORE:
-        seen.state, changed = Health.HEALTHY, True
-    if changed:
-        seen.changed_at = seen.checked_at
-        kind = RoutingEventKind.HEALTHY if seen.state == Health.HEALTHY else RoutingEventKind.UNHEALTHY
-        detail = f" ({seen.last_error})" if seen.last_error else ""
-        RoutingEvent.objects.create(
-            kind=kind, from_region=region.code, message=f"{url} is {seen.state}{detail}"
+    probed: dict[str, Any] = {
+        "failures": 0 if ok else seen.failures + 1,
+        "successes": seen.successes + 1 if ok else 0,
+        "last_error": error[:500],
+        "latency_ms": latency_ms,
+        "checked_at": timezone.now(),
+        **{key: load.get(key, 0.0) for key in ("running", "waiting", "kv_cache")},
+    }
+    to = _health_due(seen.state, probed["failures"], probed["successes"])
+    if to is None:
+        EndpointHealth.objects.filter(pk=seen.pk).update(**probed)  # never the state: only a transition
+        return False
+    try:
+        endpoint_health_transition(seen, to, region=region, **probed)
+    except InvalidTransition:  # another prober moved it first: its result stands, this one is dropped
+        return False
+    return True
+
+
+def _health_due(state: str, failures: int, successes: int) -> str | None:
+    """The state the consecutive probe results call for, when it is not ``state`` (the hysteresis)."""
+    if state == Health.HEALTHY and failures >= FAILURES_TO_EJECT:
+        return Health.UNHEALTHY
+    if state == Health.UNHEALTHY and successes >= SUCCESSES_TO_RESTORE:
+        return Health.HEALTHY
+    return None
+
+
+def endpoint_health_transition(health: EndpointHealth, to: str, *, region: Region, **probed: Any) -> None:
+    """Move an endpoint to ``to`` by compare-and-set (with the probe result that moved it) and put the
+    change on the timeline in the same transaction. A lost race (the state is no longer the one read)
+    raises InvalidTransition and writes nothing."""
+    if to not in HEALTH_TRANSITIONS[health.state]:
+        raise InvalidTransition(f"{health.url} cannot go from {health.state} to {to}.")
+    at = probed.get("checked_at") or timezone.now()
+    with transaction.atomic():
+        moved = EndpointHealth.objects.filter(pk=health.pk, state=health.state).update(
+            state=to, changed_at=at, **probed
         )
-    seen.save()
-    return changed
+        if not moved:
+            raise InvalidTransition(f"{health.url} is no longer {health.state}: someone moved it first.")
+        error = probed.get("last_error", health.last_error)
+        kind = RoutingEventKind.HEALTHY if to == Health.HEALTHY else RoutingEventKind.UNHEALTHY
+        detail = f" ({error})" if error else ""
+        RoutingEvent.objects.create(
+            kind=kind, from_region=region.code, message=f"{health.url} is {to}{detail}"
+        )
+    for field, value in {**probed, "state": to, "changed_at": at}.items():
+        setattr(health, field, value)
 
 
 def forget_endpoints(live: Iterable[str]) -> None:

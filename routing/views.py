@@ -11,7 +11,7 @@ from routing import selectors, services
 
 @page
 def routing(request: HttpRequest, p: Principal) -> HttpResponse:
-    table = services.current() or services.publish()
+    table = selectors.current() or services.publish()
     tenants = selectors.tenants_view(p, table.body.get("tenants", {}))
     rows = [
         {"tenant": slug, "model": name, "route": route}

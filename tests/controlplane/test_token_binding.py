@@ -10,7 +10,7 @@ from controlplane.errors import ValidationFailed
 from controlplane.models import ApiToken
 from controlplane.services.tokens import token_create, token_digest
 from gateway.config import RouteCache, Settings
-from routing import services as routing
+from routing import selectors as routing
 from tests.conftest import principal
 from tests.factories import MembershipFactory
 

@@ -34,7 +34,7 @@ from regions.services.placement import region_choices
 from registry.models import ModelVersion
 from registry.services.models import model_register
 from routing.routes import route_table
-from routing.services import placements, policies
+from routing.selectors import placements, policies
 from tests.factories import TenantFactory
 from tests.registry.conftest import register
 

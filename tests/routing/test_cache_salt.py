@@ -3,7 +3,7 @@
 
 import pytest
 
-from routing import services
+from routing import selectors, services
 from routing.routes import Endpoint, Placement, TenantPolicy, route
 from tests.routing.gateway_harness import GatewayWorld
 
@@ -87,7 +87,7 @@ def test_salts_are_published_to_gateways_only_and_cannot_be_guessed(world, api):
     assert len(set(salts.values())) == 2 and all(
         len(s) == 32 and s not in ("acme", "globex") for s in salts.values()
     )
-    assert services.cache_salts() == salts  # stable across publications
+    assert selectors.cache_salts() == salts  # stable across publications
     mine = api(world.alice).get("/api/v1/routing/table/").json()
     assert "cache_salts" not in mine and salts[world.tenant_b.slug] not in str(mine)
 

@@ -23,7 +23,7 @@ from controlplane.services.tokens import token_create
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
-from routing import health, services
+from routing import health, selectors, services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from tests.conftest import principal, wait_for
 from tests.regions.conftest import tiny_version
@@ -121,7 +121,7 @@ def test_real_engines_residency_failover_and_fail_closed(
     acme.residency = ["EU", "CH"]  # narrowed after deployment: the US copy keeps running, unused
     acme.save()
     health.cycle()
-    route = services.current().body["tenants"][acme.slug]["models"]["chat"]
+    route = selectors.current().body["tenants"][acme.slug]["models"]["chat"]
     assert [e["region"] for e in route["endpoints"]] == ["eu-west-1", "eu-central-1"]
 
     gateway_token = gateway_secret(world)

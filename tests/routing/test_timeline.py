@@ -10,7 +10,7 @@ import pytest
 from controlplane.models import AuditEvent
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
-from routing import health, services
+from routing import health, selectors, services
 from routing.models import RoutingEvent
 from tests.conftest import principal, wait_for
 from tests.regions.conftest import converge, tiny_version
@@ -84,7 +84,7 @@ def test_a_fresh_deployment_records_nothing_in_the_timeline_and_no_error(
     wait_for(lambda: _ready(deployment), timeout=30, interval=0.3)
     for _ in range(4):
         health.cycle()
-    route = services.current().body["tenants"][world.tenant_a.slug]["models"]["chat"]  # type: ignore[union-attr]
+    route = selectors.current().body["tenants"][world.tenant_a.slug]["models"]["chat"]  # type: ignore[union-attr]
     assert route["endpoints"][0]["region"] == "eu-west-1"  # it serves from the preferred region now
     assert _kinds() == [] and not AuditEvent.objects.filter(action__startswith="routing.").exists()
 

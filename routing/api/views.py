@@ -1,20 +1,21 @@
 """Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if."""
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from controlplane.api.views import ERRORS, PrincipalMixin
 from controlplane.choices import Scope
 from controlplane.errors import ValidationFailed
+from gateway import contract
 from regions.models import Region
-from routing import exports, selectors
-from routing.models import EndpointHealth, RoutingEvent
+from routing import exports, selectors, services
+from routing.api.serializers import EndpointHealthSerializer, RoutingEventSerializer
 
 LONG_POLL = [
     OpenApiParameter("wait", float, description="seconds to wait for a newer table (at most 30)"),
@@ -37,7 +38,7 @@ def _if_none_match(request: Request) -> str:
     return request.headers.get("If-None-Match", "").strip().removeprefix("W/").strip('"')
 
 
-def _conditional(request: Request, etag: str, body: dict[str, Any]) -> Response:
+def _conditional(request: Request, etag: str, body: Mapping[str, Any]) -> Response:
     if _if_none_match(request) == etag:
         return Response(status=304, headers={"ETag": f'"{etag}"'})
     return Response(body, headers={"ETag": f'"{etag}"'})
@@ -48,7 +49,7 @@ class RouteTableView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """The route table as this caller may see it (operators: all tenants). ``?wait=25`` long-polls for
         a generation newer than the one named in ``If-None-Match``."""
-        table = selectors.table_after(_if_none_match(request), _wait(request))
+        table = services.table_after(_if_none_match(request), _wait(request))
         tenants = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
         body = {"generation": table.generation, "created_at": table.created_at, "tenants": tenants}
         return _conditional(request, table.etag, body)
@@ -59,50 +60,24 @@ class GatewayConfigView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
-        table = selectors.table_after(_if_none_match(request), _wait(request))
-        return _conditional(
-            request, table.etag, {"generation": table.generation, "etag": table.etag, "table": table.body}
-        )
+        table = services.table_after(_if_none_match(request), _wait(request))
+        config: contract.GatewayConfig = {
+            "generation": table.generation,
+            "etag": table.etag,
+            "table": table.body,
+        }
+        return _conditional(request, table.etag, config)
 
 
 class NginxExportView(PrincipalMixin):
     @extend_schema(responses={(200, "text/plain"): str})
     def get(self, request: Request) -> Response:
         """The caller's routes as nginx upstream blocks (for a gateway of your own)."""
-        table = selectors.table_after("", 0)
+        table = services.table_after("", 0)
         text = exports.nginx(
             selectors.tenants_view(self.principal, table.body.get("tenants", {})), table.generation
         )
         return HttpResponse(text, content_type="text/plain; charset=utf-8")  # type: ignore[return-value]
-
-
-class EndpointHealthSerializer(serializers.ModelSerializer):
-    region = serializers.CharField(source="region.code")
-
-    class Meta:
-        model = EndpointHealth
-        fields = [
-            "url",
-            "region",
-            "state",
-            "failures",
-            "successes",
-            "last_error",
-            "latency_ms",
-            "running",
-            "waiting",
-            "kv_cache",
-            "checked_at",
-            "changed_at",
-        ]
-
-
-class RoutingEventSerializer(serializers.ModelSerializer):
-    tenant = serializers.CharField(source="tenant.slug", default=None)
-
-    class Meta:
-        model = RoutingEvent
-        fields = ["kind", "tenant", "model_name", "from_region", "to_region", "message", "generation", "at"]
 
 
 class HealthView(PrincipalMixin):

@@ -1,0 +1,106 @@
+"""The wire between the control plane and its gateways, typed once for both sides.
+
+- The route table: what ``GET /api/v1/routing/gateway-config/`` answers (``GatewayConfig``) and what a
+  gateway keeps on disk (its ``table``). The control plane builds it (``routing/routes.py``,
+  ``routing/services.py``), the gateway reads it (``gateway/config.py``, ``gateway/app.py``,
+  ``gateway/balancer.py``).
+- The usage record: what a gateway spools for every request it forwarded (``gateway/usage.py``) and posts
+  in batches to ``POST /api/v1/usage/``, where the control plane ingests it (``billing/services.py``).
+
+TypedDicts because the wire is JSON: both sides build and read plain dicts, so typing them changes no
+byte on the wire. Django-free, and nothing else in ``gateway/`` may be imported by the control plane.
+"""
+
+from typing import NotRequired, TypedDict
+
+
+class Endpoint(TypedDict):
+    """One engine that may serve a route, in the order the gateway should try them."""
+
+    url: str
+    region: str
+    priority: int  # the tier: a gateway sends to the lowest tier with an endpoint left
+    weight: int  # 1..100 within a tier: load headroom
+    deployment: int
+    version: str  # "model@1.2.0"
+    served_model: str  # what the engine answers to (the gateway rewrites "model" to it)
+    artifact_sha256: str
+    shared: bool  # a platform deployment serving every tenant: its prefix cache is salted per tenant
+
+
+class Route(TypedDict):
+    """One model name of one tenant; no endpoints means it is unavailable, and ``unavailable`` says why."""
+
+    endpoints: list[Endpoint]
+    preferred: str  # the region traffic goes to when everything is healthy ('' when none is compliant)
+    unavailable: NotRequired[str]
+
+
+class TenantLimits(TypedDict, total=False):
+    """A tenant's per-minute limits; a limit that is not set is absent."""
+
+    requests_per_minute: int
+    tokens_per_minute: int
+
+
+class TenantRoutes(TypedDict):
+    limits: TenantLimits
+    blocked: str  # why every new request is refused (a budget's hard limit); '' when it is not
+    models: dict[str, Route]
+
+
+class Credential(TypedDict):
+    """What a token digest may do at the gateway: call models for exactly one tenant."""
+
+    tenants: list[str]
+    token: str  # the token's prefix, to name it in logs
+    expires: float | None  # a Unix timestamp
+
+
+class RouteTable(TypedDict, total=False):
+    """One generation's content. The control plane always sends every part; a gateway reads each as
+    optional (an empty table is "no table yet", and an older control plane sent no ``cache_salts``)."""
+
+    tenants: dict[str, TenantRoutes]  # by tenant slug
+    credentials: dict[str, Credential]  # by the SHA-256 hex digest of the token
+    cache_salts: dict[str, str]  # each tenant's vLLM cache_salt on shared deployments
+
+
+class GatewayConfig(TypedDict):
+    """The answer to ``GET /api/v1/routing/gateway-config/``."""
+
+    generation: int
+    etag: str
+    table: RouteTable
+
+
+class UsageRecord(TypedDict):
+    """One forwarded request, metered once. The gateway always sends every field; the control plane needs
+    only ``request_id``, ``tenant`` and ``started_at`` (the rest default) and refuses any other field."""
+
+    request_id: str  # the gateway's own id: the key a re-sent batch is deduplicated by
+    client_request_id: NotRequired[str]  # the client's X-Request-ID, for its own correlation only
+    tenant: str
+    model_name: NotRequired[str]
+    region: NotRequired[str]
+    deployment: NotRequired[int]
+    version: NotRequired[str]
+    artifact_sha256: NotRequired[str]
+    endpoint: NotRequired[str]
+    status: NotRequired[int]  # the HTTP status the client got (499: it went away)
+    prompt_tokens: NotRequired[int]
+    completion_tokens: NotRequired[int]
+    latency_ms: NotRequired[float]
+    attempts: NotRequired[int]
+    stream: NotRequired[bool]
+    started_at: str  # ISO 8601 with the offset
+
+
+USAGE_FIELDS: frozenset[str] = UsageRecord.__required_keys__ | UsageRecord.__optional_keys__
+USAGE_REQUIRED_FIELDS: frozenset[str] = UsageRecord.__required_keys__
+
+
+class UsageBatch(TypedDict):
+    """The body of ``POST /api/v1/usage/``."""
+
+    records: list[UsageRecord]

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from routing.api import views
+
+app_name = "routing-api"
+
+urlpatterns = [
+    path("routing/table/", views.RouteTableView.as_view(), name="table"),
+    path("routing/gateway-config/", views.GatewayConfigView.as_view(), name="gateway-config"),
+    path("routing/export/nginx/", views.NginxExportView.as_view(), name="export-nginx"),
+    path("routing/health/", views.HealthView.as_view(), name="health"),
+    path("routing/events/", views.EventsView.as_view(), name="events"),
+    path("routing/what-if/", views.WhatIfView.as_view(), name="what-if"),
+]

@@ -1,0 +1,119 @@
+"""gateway/contract.py is the whole wire between the control plane and its gateways: what either side
+sends has exactly the contract's fields, the gateway imports nothing of Django or the control plane, and
+the control plane imports nothing of the gateway but the contract."""
+
+import ast
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from controlplane.choices import AuditSource, Scope
+from controlplane.principal import Principal
+from controlplane.services.tokens import token_create
+from gateway import contract
+from gateway.app import Gateway, Reply
+from gateway.config import Settings
+from routing import services
+from routing.routes import Endpoint, Placement, TenantPolicy, route_table
+
+ROOT = Path(__file__).resolve().parents[2]
+CONTROL_PLANE = ("controlplane", "registry", "regions", "artifacts", "billing", "routing", "core")
+
+
+def _keys(shape: Any) -> frozenset[str]:
+    return frozenset(shape.__required_keys__ | shape.__optional_keys__)
+
+
+def _imports(package: str) -> dict[str, set[str]]:
+    """file -> every module it imports (at any depth, typing-only imports included)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def test_the_gateway_imports_nothing_of_django_or_the_control_plane() -> None:
+    forbidden = ("django", "rest_framework", *CONTROL_PLANE)
+    found = {
+        path: sorted(name for name in names if name.split(".")[0] in forbidden)
+        for path, names in _imports("gateway").items()
+    }
+    assert not {path: names for path, names in found.items() if names}
+
+
+def test_the_control_plane_imports_only_the_contract_of_the_gateway() -> None:
+    allowed = {"gateway", "gateway.contract"} | {f"gateway.contract.{name}" for name in vars(contract)}
+    found = {}
+    for package in CONTROL_PLANE:
+        if not (ROOT / package).is_dir():
+            continue
+        for path, names in _imports(package).items():
+            outside = sorted(n for n in names if n.split(".")[0] == "gateway" and n not in allowed)
+            if outside:
+                found[path] = outside
+    assert not found
+
+
+def _placement(**fields: Any) -> Placement:
+    defaults: dict[str, Any] = {
+        "tenant": "acme",
+        "name": "chat",
+        "deployment_id": 7,
+        "version": "m@1",
+        "served_model": "m",
+        "artifact_sha256": "0" * 64,
+        "allowed_jurisdictions": frozenset({"EU"}),
+        "region": "eu-west-1",
+        "jurisdiction": "EU",
+        "region_active": True,
+        "ready": True,
+        "weights_verified": True,
+        "endpoints": (Endpoint("http://127.0.0.1:1"),),
+    }
+    return Placement(**{**defaults, **fields})
+
+
+def test_the_route_table_has_exactly_the_contracts_fields() -> None:
+    policies = [TenantPolicy("acme", frozenset({"EU"}), limits={"requests_per_minute": 60})]
+    served = route_table(policies, [_placement()])["acme"]
+    assert set(served) == _keys(contract.TenantRoutes)
+    assert set(served["limits"]) <= _keys(contract.TenantLimits)
+    route = served["models"]["chat"]
+    assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
+    assert set(route["endpoints"][0]) == _keys(contract.Endpoint)
+    unserved = route_table(policies, [_placement(ready=False)])["acme"]["models"]["chat"]
+    assert set(unserved) == _keys(contract.Route)
+
+
+def test_a_published_table_has_exactly_the_contracts_parts(world) -> None:  # type: ignore[no-untyped-def]
+    alice = Principal.for_user(world.alice, source=AuditSource.API)
+    token_create(actor=alice, name="app", scopes=[Scope.MODELS_INVOKE], tenant=world.tenant_a)
+    body = services.publish().body
+    assert set(body) == _keys(contract.RouteTable)
+    (credential,) = body["credentials"].values()
+    assert set(credential) == _keys(contract.Credential)
+
+
+def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: Path) -> None:
+    gateway = Gateway(
+        Settings(control_plane="http://127.0.0.1:1", token="", cache_file=None, state_dir=tmp_path)
+    )
+    sent: list[contract.UsageRecord] = []
+    gateway.usage.record = sent.append  # type: ignore[method-assign]
+    route = route_table([TenantPolicy("acme", frozenset({"EU"}))], [_placement()])["acme"]["models"]["chat"]
+    seen = {"endpoint": route["endpoints"][0], "usage": {"prompt_tokens": 3}, "status": 200, "attempt": 1}
+    gateway._meter(
+        Reply(None, "r1"), "acme", "chat", {}, {}, seen, time.perf_counter(), datetime.now(UTC), False
+    )
+    (record,) = sent
+    assert set(record) == contract.USAGE_FIELDS
+    assert {"request_id", "tenant", "started_at"} == contract.USAGE_REQUIRED_FIELDS
