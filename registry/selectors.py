@@ -13,7 +13,13 @@ from controlplane.choices import Scope
 from controlplane.errors import NotFound
 from controlplane.principal import Principal
 from controlplane.selectors import visible_tenant_ids
-from registry.choices import ReportOutcome, VersionStatus, Visibility
+from registry.choices import (
+    SERVABLE_STATES,
+    TENANT_DEPLOYABLE_STATES,
+    ReportOutcome,
+    VersionStatus,
+    Visibility,
+)
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, ValidationReport
 
 
@@ -45,6 +51,19 @@ def version_get(model: RegisteredModel, version: str) -> ModelVersion:
     if found is None:
         raise NotFound(f"Model {model.ref} has no version '{version}'.")
     return found
+
+
+def deployable_states(principal: Principal) -> frozenset[str]:
+    """The version states this caller may deploy: operators (deployments:write platform-wide) also staged
+    versions, everyone else production and canary ones."""
+    return SERVABLE_STATES if principal.sees_all(Scope.DEPLOYMENTS_WRITE) else TENANT_DEPLOYABLE_STATES
+
+
+def deployable_versions(principal: Principal) -> QuerySet[ModelVersion]:
+    """Versions of the models the caller sees, in a state it may deploy."""
+    return ModelVersion.objects.filter(
+        model__in=models_for(principal), status__in=deployable_states(principal)
+    ).select_related("model__owner")
 
 
 def production_version(model: RegisteredModel) -> ModelVersion | None:
