@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from controlplane.choices import Scope
 from controlplane.principal import Principal
-from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
+from controlplane.selectors import scoped, visible_tenant_slugs
 from regions.choices import RegionStatus
 from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
@@ -22,9 +22,7 @@ LONG_POLL_LIMIT = 30.0
 
 def visible_tenants(principal: Principal) -> set[str] | None:
     """None: every tenant (an operator)."""
-    if visible_tenant_ids(principal, Scope.DEPLOYMENTS_READ) is None:
-        return None
-    return set(tenants_for(principal, Scope.DEPLOYMENTS_READ).values_list("slug", flat=True))
+    return visible_tenant_slugs(principal, Scope.DEPLOYMENTS_READ)
 
 
 def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:
