@@ -9,10 +9,10 @@ from django.utils import timezone
 from billing import reports
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from controlplane.choices import Scope
-from controlplane.errors import Forbidden, NotFound
+from controlplane.errors import NotFound
 from controlplane.models import Tenant
 from controlplane.principal import Principal
-from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
+from controlplane.selectors import scoped, tenants_for, visible_tenant_slugs
 
 
 def usage_for(principal: Principal) -> QuerySet[UsageRecord]:
@@ -37,15 +37,15 @@ def usage_get(principal: Principal, request_id: str) -> UsageRecord:
 
 def cost_tenants(principal: Principal) -> set[str] | None:
     """The tenants whose costs the caller sees (None: all of them, and idle capacity)."""
-    if visible_tenant_ids(principal, Scope.BILLING_READ) is None:
-        return None
-    require_cost_reader(principal)
-    return set(tenants_for(principal, Scope.BILLING_READ).values_list("slug", flat=True))
+    tenants = visible_tenant_slugs(principal, Scope.BILLING_READ)
+    if tenants is not None:
+        require_cost_reader(principal)
+    return tenants
 
 
 def require_cost_reader(principal: Principal) -> None:
-    if visible_tenant_ids(principal, Scope.BILLING_READ) == set():
-        raise Forbidden("This needs the 'billing:read' permission.", detail={"scope": Scope.BILLING_READ})
+    """Costs are for those holding ``billing:read`` somewhere (403 otherwise)."""
+    principal.require_any(Scope.BILLING_READ)
 
 
 def prices_list(principal: Principal) -> QuerySet[GpuPrice]:

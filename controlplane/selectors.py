@@ -62,6 +62,14 @@ def tenants_for(principal: Principal, scope: str | None = Scope.TENANTS_READ) ->
     return scoped(Tenant.objects.all(), principal, scope, field="pk")
 
 
+def visible_tenant_slugs(principal: Principal, scope: str) -> set[str] | None:
+    """``visible_tenant_ids`` as slugs (None: every tenant), for views keyed by slug: the route table and
+    cost reports."""
+    if visible_tenant_ids(principal, scope) is None:
+        return None
+    return set(tenants_for(principal, scope).values_list("slug", flat=True))
+
+
 def tenants_joined(principal: Principal) -> QuerySet[Tenant]:
     """The tenants the caller is a member of (its role there in ``principal.tenant_roles``), whatever
     its platform role: for /me/ and for choosing the tenant a new token is bound to."""

@@ -305,7 +305,7 @@ def user_list(request: HttpRequest, p: Principal) -> HttpResponse:
 def _token_owners(p: Principal) -> list[tuple[str, str]]:
     owners = [("me", f"Me ({p.name})")] if p.user is not None else []
     for robot in selectors.service_accounts_for(p).filter(is_active=True):
-        if (robot.tenant_id and p.may(Scope.TOKENS_WRITE, robot.tenant_id)) or p.may(Scope.USERS_WRITE):
+        if p.may(*tokens.robot_tokens_permission(robot)):
             owners.append((str(robot.pk), f"Service account {robot}"))
     return owners
 

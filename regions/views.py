@@ -1,8 +1,10 @@
 """Regions and deployments in the console: capacity, self-service deployment with placement reasons."""
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -10,13 +12,14 @@ from django.views.decorators.http import require_POST
 from controlplane import selectors as core_selectors
 from controlplane.choices import Scope
 from controlplane.errors import ApplicationError
+from controlplane.models import Tenant
 from controlplane.principal import Principal
 from controlplane.views import page
 from regions import forms, selectors
 from regions.api.views import manifests_of
 from regions.choices import TargetStatus
 from regions.drivers.factory import engine_of
-from regions.models import DeploymentTarget, Region
+from regions.models import Deployment, DeploymentTarget, Region
 from regions.services import deployments, placement, regions
 from registry import selectors as registry_selectors
 from registry.models import ModelVersion
@@ -76,63 +79,81 @@ def deployment_list(request: HttpRequest, p: Principal) -> HttpResponse:
     return render(request, "regions/deployment_list.html", {"deployments": found, "can_create": can_create})
 
 
-def _deployable(p: Principal) -> list[ModelVersion]:
-    allowed = (
-        placement.OPERATOR_DEPLOYABLE if p.sees_all(Scope.DEPLOYMENTS_WRITE) else placement.TENANT_DEPLOYABLE
+@dataclass
+class _Pick:
+    """What the new-deployment form offers the caller, what is picked (the request's choice, else the
+    first option) and the placement preview of that pick."""
+
+    owners: QuerySet[Tenant]
+    versions: dict[str, ModelVersion]
+    owner: Tenant | None
+    version: ModelVersion | None
+    choices: list[placement.RegionChoice]
+
+
+def _pick(request: HttpRequest, p: Principal) -> _Pick:
+    data = request.POST if request.method == "POST" else request.GET
+    owners = core_selectors.tenants_for(p, Scope.DEPLOYMENTS_WRITE)
+    versions = {str(v.pk): v for v in registry_selectors.deployable_versions(p)}
+    owner = owners.filter(slug=data.get("owner")).first() or owners.first()
+    version = versions.get(data.get("version", "")) or next(iter(versions.values()), None)
+    return _Pick(owners, versions, owner, version, _preview(owner, version, data.get("replicas", "")))
+
+
+def _preview(
+    owner: Tenant | None, version: ModelVersion | None, raw_replicas: str
+) -> list[placement.RegionChoice]:
+    if owner is None or version is None:
+        return []
+    replicas = min(int(raw_replicas), 64) if raw_replicas.isdigit() and int(raw_replicas) > 0 else 1
+    try:
+        return placement.placement_preview(tenant=owner, version=version, replicas=replicas).choices
+    except ApplicationError:
+        return []
+
+
+def _form(request: HttpRequest, pick: _Pick) -> forms.DeploymentForm:
+    return forms.DeploymentForm(
+        request.POST or None,
+        owners=[(t.slug, t.slug) for t in pick.owners],
+        versions=[(k, f"{v.model.ref} @ {v.version} ({v.status})") for k, v in pick.versions.items()],
+        regions=[(c.region.code, c.region.code) for c in pick.choices if c.eligible],
+        initial={
+            "owner": pick.owner.slug if pick.owner else "",
+            "version": str(pick.version.pk) if pick.version else "",
+        },
     )
-    models = registry_selectors.models_for(p)
-    return list(
-        ModelVersion.objects.filter(model__in=models, status__in=allowed).select_related("model__owner")
-    )
+
+
+def _create(p: Principal, form: forms.DeploymentForm, pick: _Pick) -> Deployment | None:
+    """The deployment the valid form asks for, or None (the refusal is on the form)."""
+    if pick.owner is None or pick.version is None:
+        return None
+    try:
+        return deployments.deployment_create(
+            actor=p,
+            owner=pick.owner,
+            name=form.cleaned_data["name"],
+            model=pick.version.model,
+            version=pick.version.version,
+            regions=form.cleaned_data["regions"] or None,
+            replicas=form.cleaned_data["replicas"],
+        )
+    except ApplicationError as exc:
+        form.add_error(None, exc.message)
+        return None
 
 
 @page
 def deployment_create(request: HttpRequest, p: Principal) -> HttpResponse:
-    tenants = core_selectors.tenants_for(p, Scope.DEPLOYMENTS_WRITE)
-    versions = {str(v.pk): v for v in _deployable(p)}
-    data = request.POST if request.method == "POST" else request.GET
-    owner = tenants.filter(slug=data.get("owner")).first() or tenants.first()
-    version = versions.get(data.get("version", "")) or next(iter(versions.values()), None)
-    raw_replicas = data.get("replicas", "")
-    replicas = min(int(raw_replicas), 64) if raw_replicas.isdigit() and int(raw_replicas) > 0 else 1
-    choices = _choices(owner, version, replicas) if owner and version else []
-    form = forms.DeploymentForm(
-        request.POST or None,
-        owners=[(t.slug, t.slug) for t in tenants],
-        versions=[(k, f"{v.model.ref} @ {v.version} ({v.status})") for k, v in versions.items()],
-        regions=[(c.region.code, c.region.code) for c in choices if c.eligible],
-        initial={"owner": owner.slug if owner else "", "version": str(version.pk) if version else ""},
-    )
-    if request.method == "POST" and form.is_valid() and owner and version:
-        try:
-            created = deployments.deployment_create(
-                actor=p,
-                owner=owner,
-                name=form.cleaned_data["name"],
-                model=version.model,
-                version=version.version,
-                regions=form.cleaned_data["regions"] or None,
-                replicas=form.cleaned_data["replicas"],
-            )
-        except ApplicationError as exc:
-            form.add_error(None, exc.message)
-        else:
-            messages.success(request, f"Deployment {created} created; the regions are converging.")
-            return redirect("deployments:detail", owner=owner.slug, name=created.name)
-    context = {"form": form, "choices": choices, "owner": owner, "version": version}
+    pick = _pick(request, p)
+    form = _form(request, pick)
+    created = _create(p, form, pick) if request.method == "POST" and form.is_valid() else None
+    if created is not None:
+        messages.success(request, f"Deployment {created} created; the regions are converging.")
+        return redirect("deployments:detail", owner=created.owner.slug, name=created.name)
+    context = {"form": form, "choices": pick.choices, "owner": pick.owner, "version": pick.version}
     return render(request, "regions/deployment_form.html", context, status=400 if form.errors else 200)
-
-
-def _choices(owner: Any, version: ModelVersion, replicas: int) -> list[placement.RegionChoice]:
-    try:
-        gpu_type, gpu_count = placement.default_gpu(
-            version, list(Region.objects.prefetch_related("gpu_pools"))
-        )
-    except ApplicationError:
-        return []
-    return placement.region_choices(
-        tenant=owner, version=version, gpu_type=gpu_type, gpu_count=gpu_count, replicas=replicas
-    )
 
 
 @page

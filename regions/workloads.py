@@ -6,6 +6,7 @@ from regions.choices import DeploymentState, RegionStatus
 from regions.drivers.base import WorkloadSpec
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from registry.models import ModelVersion
+from registry.selectors import version_files
 
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -27,8 +28,7 @@ def effective_replicas(target: DeploymentTarget) -> int:
 
 def model_files(version: ModelVersion) -> list[list[str]]:
     """(relative path, sha256) of every file the engine needs, fetched by content address."""
-    files = [[f["path"], f["sha256"]] for f in version.artifact_manifest if "sha256" in f]
-    return files or [[f"model.{version.artifact_format}", version.artifact_sha256]]
+    return [[f.path, f.sha256] for f in version_files(version)]
 
 
 def workload_spec(target: DeploymentTarget) -> WorkloadSpec:

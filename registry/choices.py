@@ -54,8 +54,10 @@ VERSION_TRANSITIONS: dict[str, frozenset[str]] = {
     S.REJECTED: frozenset(),
 }
 FINAL_STATES = frozenset({S.RETIRED, S.REJECTED})
-# States whose versions may serve traffic (tenants deploy production and canary; operators also staged).
-SERVABLE_STATES = frozenset({S.STAGED, S.CANARY, S.PRODUCTION})
+# States whose versions may be deployed and serve traffic: tenants deploy production and canary versions,
+# operators also staged ones (``registry.selectors.deployable_states`` picks the set for a caller).
+TENANT_DEPLOYABLE_STATES = frozenset({S.CANARY, S.PRODUCTION})
+SERVABLE_STATES = TENANT_DEPLOYABLE_STATES | {S.STAGED}
 
 # Built-in aliases follow the lifecycle: entering the state moves the alias to the version.
 STATE_ALIASES: dict[str, str] = {S.STAGED: "staging", S.CANARY: "canary", S.PRODUCTION: "production"}

@@ -5,6 +5,7 @@ somewhere; private models only to their owner's members and to platform readers.
 """
 
 from datetime import datetime
+from typing import NamedTuple
 
 from django.db.models import Q, QuerySet
 
@@ -12,7 +13,13 @@ from controlplane.choices import Scope
 from controlplane.errors import NotFound
 from controlplane.principal import Principal
 from controlplane.selectors import visible_tenant_ids
-from registry.choices import ReportOutcome, VersionStatus, Visibility
+from registry.choices import (
+    SERVABLE_STATES,
+    TENANT_DEPLOYABLE_STATES,
+    ReportOutcome,
+    VersionStatus,
+    Visibility,
+)
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, ValidationReport
 
 
@@ -46,8 +53,49 @@ def version_get(model: RegisteredModel, version: str) -> ModelVersion:
     return found
 
 
+def deployable_states(principal: Principal) -> frozenset[str]:
+    """The version states this caller may deploy: operators (deployments:write platform-wide) also staged
+    versions, everyone else production and canary ones."""
+    return SERVABLE_STATES if principal.sees_all(Scope.DEPLOYMENTS_WRITE) else TENANT_DEPLOYABLE_STATES
+
+
+def deployable_versions(principal: Principal) -> QuerySet[ModelVersion]:
+    """Versions of the models the caller sees, in a state it may deploy."""
+    return ModelVersion.objects.filter(
+        model__in=models_for(principal), status__in=deployable_states(principal)
+    ).select_related("model__owner")
+
+
 def production_version(model: RegisteredModel) -> ModelVersion | None:
     return model.versions.filter(status=VersionStatus.PRODUCTION).first()
+
+
+class VersionFile(NamedTuple):
+    """One file of a version's weights: its name in the model directory, its content address, its size
+    and where ingest fetches it from."""
+
+    path: str
+    sha256: str
+    size_bytes: int
+    source: str
+
+
+def version_files(version: ModelVersion) -> list[VersionFile]:
+    """The one list of a version's files: the manifest's files that declare a SHA-256 (under the artifact
+    URI), or else the single artifact (the URI itself, ``model.<format>`` in the model directory)."""
+    base = version.artifact_uri.rstrip("/")
+    listed = [
+        VersionFile(f["path"], f["sha256"], int(f.get("size_bytes", 0)), f"{base}/{f['path']}")
+        for f in version.artifact_manifest
+        if "sha256" in f
+    ]
+    single = VersionFile(
+        f"model.{version.artifact_format}",
+        version.artifact_sha256,
+        version.artifact_size_bytes,
+        version.artifact_uri,
+    )
+    return listed or [single]
 
 
 def latest_report(version: ModelVersion) -> ValidationReport | None:

@@ -17,7 +17,7 @@ from controlplane.choices import AuditSource, Scope, TenantStatus
 from controlplane.models import ApiToken, Tenant
 from controlplane.principal import Principal
 from controlplane.residency import weights_of
-from controlplane.selectors import scoped, tenants_for, visible_tenant_ids
+from controlplane.selectors import scoped, visible_tenant_slugs
 from gateway import contract
 from regions.choices import DeploymentState, RegionStatus, TargetStatus
 from regions.models import DeploymentTarget, Region
@@ -29,9 +29,7 @@ from routing.routes import Endpoint, Placement, TenantPolicy, route_table
 
 def visible_tenants(principal: Principal) -> set[str] | None:
     """None: every tenant (an operator)."""
-    if visible_tenant_ids(principal, Scope.DEPLOYMENTS_READ) is None:
-        return None
-    return set(tenants_for(principal, Scope.DEPLOYMENTS_READ).values_list("slug", flat=True))
+    return visible_tenant_slugs(principal, Scope.DEPLOYMENTS_READ)
 
 
 def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:

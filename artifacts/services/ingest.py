@@ -22,6 +22,7 @@ from controlplane.choices import AuditSource
 from controlplane.principal import Principal
 from regions.drivers.base import DriverError
 from registry.models import ModelVersion
+from registry.selectors import version_files
 from registry.services.lifecycle import version_reject
 
 SYSTEM = Principal.system("ingest", source=AuditSource.TASK)
@@ -29,14 +30,7 @@ SYSTEM = Principal.system("ingest", source=AuditSource.TASK)
 
 def _files(version: ModelVersion) -> list[tuple[str, str, int]]:
     """(source URI, sha256, size) of every file to ingest."""
-    base = version.artifact_uri.rstrip("/")
-    if version.artifact_manifest:
-        return [
-            (f"{base}/{f['path']}", f["sha256"], int(f.get("size_bytes", 0)))
-            for f in version.artifact_manifest
-            if "sha256" in f
-        ]
-    return [(version.artifact_uri, version.artifact_sha256, version.artifact_size_bytes)]
+    return [(f.source, f.sha256, f.size_bytes) for f in version_files(version)]
 
 
 def _read(uri: str, part_size: int) -> Iterator[bytes]:

@@ -31,6 +31,7 @@ from controlplane.services.audit import audit_record
 from regions.drivers.base import DriverError
 from regions.models import Region
 from registry.models import ModelVersion
+from registry.selectors import version_files
 
 SYSTEM = Principal.system("replicator", source=AuditSource.TASK)
 LEASE = timedelta(minutes=10)
@@ -113,8 +114,7 @@ def home_store() -> ObjectStore:
 
 def blobs_of(version: ModelVersion) -> list[tuple[str, int]]:
     """(sha256, size) of every file of the version: the manifest's files, or the single artifact."""
-    files = [(f["sha256"], int(f.get("size_bytes", 0))) for f in version.artifact_manifest if "sha256" in f]
-    return files or [(version.artifact_sha256, version.artifact_size_bytes)]
+    return [(f.sha256, f.size_bytes) for f in version_files(version)]
 
 
 def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:

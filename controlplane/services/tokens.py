@@ -86,10 +86,7 @@ def _check_owner(
         if actor.user is None:
             raise Forbidden("Only a person can own a personal token; name a service account instead.")
         return actor.all_scopes if tenant is None else actor.tenant_scopes(tenant.pk)
-    if robot.tenant_id:
-        actor.require(Scope.TOKENS_WRITE, robot.tenant_id)
-    else:
-        actor.require(Scope.USERS_WRITE)
+    actor.require(*robot_tokens_permission(robot))
     if not robot.is_active:
         raise Conflict(f"Service account {robot} is deactivated.")
     return _robot_scopes(robot)
@@ -158,11 +155,17 @@ def token_create(
     return token, raw
 
 
+def robot_tokens_permission(robot: ServiceAccount) -> tuple[str, int | None]:
+    """What minting and revoking a service account's tokens needs: ``tokens:write`` in its tenant, or
+    ``users:write`` platform-wide for a platform robot."""
+    return (Scope.TOKENS_WRITE, robot.tenant_id) if robot.tenant_id else (Scope.USERS_WRITE, None)
+
+
 def may_manage_token(actor: Principal, token: ApiToken) -> bool:
     if token.user_id is not None and actor.owns(token.user_id, token.tenant_id):
         return True
-    if token.service_account is not None and token.service_account.tenant_id:
-        return actor.may(Scope.TOKENS_WRITE, token.service_account.tenant_id)
+    if token.service_account is not None:
+        return actor.may(*robot_tokens_permission(token.service_account))
     return actor.may(Scope.USERS_WRITE)
 
 

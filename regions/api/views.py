@@ -173,15 +173,11 @@ class PlacementView(PrincipalMixin):
         tenant = core_selectors.tenant_get(self.principal, params["owner"], Scope.DEPLOYMENTS_READ)
         model = registry_selectors.model_get(self.principal, *params["model"].split("/", 1))
         version = registry_selectors.version_get(model, params["version"])
-        all_regions = list(Region.objects.prefetch_related("gpu_pools"))
-        gpu_type, gpu_count = placement.default_gpu(version, all_regions)
-        choices = placement.region_choices(
-            tenant=tenant, version=version, gpu_type=gpu_type, gpu_count=gpu_count, replicas=replicas
-        )
+        preview = placement.placement_preview(tenant=tenant, version=version, replicas=replicas)
         return Response(
             {
-                "gpu_type": gpu_type,
-                "gpu_count": gpu_count,
+                "gpu_type": preview.gpu_type,
+                "gpu_count": preview.gpu_count,
                 "regions": [
                     {
                         "code": c.region.code,
@@ -190,7 +186,7 @@ class PlacementView(PrincipalMixin):
                         "reasons": c.reasons,
                         "free_gpus": c.free_gpus,
                     }
-                    for c in choices
+                    for c in preview.choices
                 ],
             }
         )

@@ -76,9 +76,7 @@ def deployment_create(
     resolved = resolve_version(model, version, follow_alias)
     placement.check_version_deployable(actor, resolved)
     overrides = validate_engine_args(engine_overrides or {}, field="engine_overrides")
-    fit_type, fit_count = placement.default_gpu(
-        resolved, list(placement.Region.objects.prefetch_related("gpu_pools"))
-    )
+    fit_type, fit_count = placement.fitting_gpu(resolved)
     gpu_type = gpu_type or fit_type
     if gpu_type == fit_type and (gpu_count or fit_count) < fit_count:
         raise ValidationFailed(f"{resolved} needs at least {fit_count} {gpu_type} GPUs per replica.")

@@ -7,7 +7,6 @@ capacity: a deployment with no compliant region is refused, not placed elsewhere
 
 from dataclasses import dataclass, field
 
-from controlplane.choices import Scope
 from controlplane.errors import Conflict
 from controlplane.models import Tenant
 from controlplane.principal import Principal
@@ -15,12 +14,9 @@ from controlplane.residency import residency_of, residency_refusal, weights_of
 from regions.choices import RegionStatus
 from regions.models import Deployment, Region
 from regions.selectors import gpus_in_use, tenant_gpus_in_use
-from registry.choices import VersionStatus
 from registry.models import ModelVersion
+from registry.selectors import deployable_states
 from registry.sizing import sizing_of
-
-TENANT_DEPLOYABLE = frozenset({VersionStatus.PRODUCTION, VersionStatus.CANARY})
-OPERATOR_DEPLOYABLE = TENANT_DEPLOYABLE | {VersionStatus.STAGED}
 
 
 @dataclass
@@ -35,7 +31,7 @@ class RegionChoice:
 
 
 def check_version_deployable(actor: Principal, version: ModelVersion) -> None:
-    allowed = OPERATOR_DEPLOYABLE if actor.sees_all(Scope.DEPLOYMENTS_WRITE) else TENANT_DEPLOYABLE
+    allowed = deployable_states(actor)
     if version.status not in allowed:
         raise Conflict(
             f"{version} is {version.status}; deployable versions are {', '.join(sorted(allowed))}.",
@@ -54,6 +50,29 @@ def default_gpu(version: ModelVersion, regions: list[Region]) -> tuple[str, int]
         f"No region has a GPU type that fits {version} (needs about {sizing['total_gib']} GiB).",
         code="no_capacity",
     )
+
+
+def fitting_gpu(version: ModelVersion) -> tuple[str, int]:
+    """``default_gpu`` over every region: the GPU a replica of ``version`` gets unless one is named."""
+    return default_gpu(version, list(Region.objects.prefetch_related("gpu_pools")))
+
+
+@dataclass
+class Preview:
+    """Where a deployment would go: the GPU per replica, and every region with why it is excluded."""
+
+    gpu_type: str
+    gpu_count: int
+    choices: list[RegionChoice]
+
+
+def placement_preview(*, tenant: Tenant, version: ModelVersion, replicas: int) -> Preview:
+    """The placement preview the API and the console show (a Conflict when no region has a fitting GPU)."""
+    gpu_type, gpu_count = fitting_gpu(version)
+    choices = region_choices(
+        tenant=tenant, version=version, gpu_type=gpu_type, gpu_count=gpu_count, replicas=replicas
+    )
+    return Preview(gpu_type, gpu_count, choices)
 
 
 def region_choices(
