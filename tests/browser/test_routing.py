@@ -5,7 +5,7 @@ import pytest
 from routing import health
 from tests.browser.conftest import login, shot
 from tests.factories import PASSWORD
-from tests.routing.test_gateway import _kill_engines, chat_in_two_eu_regions
+from tests.gateway.test_gateway import _kill_engines, chat_in_two_eu_regions
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -26,9 +26,9 @@ from registry.engine_args import vllm_available
 from routing import health, services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from tests.conftest import principal, wait_for
+from tests.gateway.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port, gateway_secret
 from tests.regions.conftest import tiny_version
 from tests.regions.test_vllm import ready_targets
-from tests.routing.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port, gateway_secret
 
 pytestmark = [
     pytest.mark.slow,

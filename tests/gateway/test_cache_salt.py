@@ -5,7 +5,7 @@ import pytest
 
 from routing import services
 from routing.routes import Endpoint, Placement, TenantPolicy, route
-from tests.routing.gateway_harness import GatewayWorld
+from tests.support.gateway_harness import GatewayWorld
 
 
 @pytest.fixture

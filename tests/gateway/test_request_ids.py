@@ -9,8 +9,8 @@ from billing.models import UsageRecord
 from billing.services import usage_ingest
 from controlplane.models import Tenant
 from controlplane.principal import Principal
-from tests.routing.gateway_harness import GatewayWorld
-from tests.routing.test_gateway import fleet  # noqa: F401  (the live fixture)
+from tests.gateway.test_gateway import fleet  # noqa: F401  (the live fixture)
+from tests.support.gateway_harness import GatewayWorld
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def test_end_to_end_a_replayed_header_is_billed_and_traced_per_request(world, fl
     import requests as http
 
     from tests.conftest import wait_for
-    from tests.routing.test_gateway import chat
+    from tests.gateway.test_gateway import chat
 
     gateway, alice = fleet["gateway"], fleet["tokens"]["alice"]
     answers = [chat(gateway, alice)]
