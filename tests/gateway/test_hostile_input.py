@@ -98,7 +98,7 @@ def test_a_long_authorization_header_is_a_401_and_huge_headers_a_431(gw):
 def test_a_50_mb_body_through_uvicorn_is_refused_without_being_buffered(tmp_path):
     import requests
 
-    from tests.gateway.test_gateway import Gateway
+    from tests.support.gateway import Gateway
     from tests.support.gateway_harness import TOKENS
 
     world = GatewayWorld(tmp_path / "fakes")

@@ -19,8 +19,9 @@ from regions.artifacts.replication import replica_for, replicate, resume_replica
 from regions.artifacts.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
 from regions.drivers.base import DriverError
 from regions.models import ArtifactReplica
-from tests.conftest import child_env, principal, wait_for
-from tests.registry.conftest import register
+from tests.support.principals import principal
+from tests.support.processes import child_env, wait_for
+from tests.support.registry import register
 
 MiB = 1024 * 1024
 SMALL = CopyTuning(part_size=5 * MiB, concurrency=4)
@@ -295,8 +296,7 @@ def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
     from regions.models import DeploymentTarget
     from regions.reconciler import reconcile_target
     from regions.services.deployments import deployment_create
-    from tests.regions.conftest import tiny_version
-    from tests.regions.test_reconciler import until_ready
+    from tests.support.regions import tiny_version, until_ready
 
     files = sorted(p for p in tiny_model_dir.iterdir() if p.is_file())
     manifest = [
@@ -489,7 +489,7 @@ def test_staging_a_version_starts_copies_ahead_only_where_it_may_be_stored(
 ):
     from registry.services.lifecycle import version_transition
     from registry.services.reports import report_submit
-    from tests.registry.conftest import GOOD_METRICS
+    from tests.support.registry import GOOD_METRICS
 
     actor = principal(world.alice)
     version = weights_version(world, chat_model, home, os.urandom(MiB))  # allowed in EU and CH

@@ -12,8 +12,8 @@ from regions.artifacts.stores import LocalStore, blob_key, store_from_config
 from regions.models import ArtifactReplica, Region
 from registry.services.lifecycle import version_transition
 from registry.services.reports import report_submit
-from tests.conftest import principal
-from tests.registry.conftest import GOOD_METRICS, register
+from tests.support.principals import principal
+from tests.support.registry import GOOD_METRICS, register
 
 
 @pytest.fixture
