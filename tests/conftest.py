@@ -18,6 +18,7 @@ from tests.support.principals import World, mint, principal
 from tests.support.processes import child_env
 from tests.support.regions import make_region, tiny_model_dir  # noqa: F401  (fixtures of every capability)
 from tests.support.registry import POLICY
+from tests.support.tiers import is_unit
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Most tests register versions whose URIs point nowhere; ingest is tested on its own.
     settings.ARTIFACT_INGEST_ON_REGISTER = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects, so that ``-m unit`` sees the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``unit`` every test that needs no database, server, process or browser: ``make test-unit``."""
+    for item in items:
+        if is_unit(item):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(autouse=True)

@@ -146,6 +146,7 @@ copy_blob(
 """
 
 
+@pytest.mark.subprocess  # a copier to kill
 def test_a_killed_copy_resumes_without_recopying_finished_parts(s3_endpoints, tmp_path):
     """SIGKILL a worker mid-copy; the next attempt finds its upload and sends only the missing parts."""
     data = os.urandom(8 * MiB) * 25  # 200 MiB, 40 parts
