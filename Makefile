@@ -1,4 +1,4 @@
-.PHONY: run test test-fast lint smoke
+.PHONY: run test test-fast test-unit lint smoke
 
 run:  ## install, migrate, seed the demo and run the control plane
 	scripts/run
@@ -8,6 +8,9 @@ test:  ## install test dependencies and run the whole suite
 
 test-fast:  ## the suite without tests that start processes or a browser
 	scripts/test -m "not slow"
+
+test-unit:  ## in seconds: the tests that need no database, server, process or browser
+	scripts/test -m unit
 
 lint:  ## ruff, mypy over every package, deptry (every import declared for a plain install)
 	scripts/bootstrap test,dev

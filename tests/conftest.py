@@ -5,18 +5,20 @@ Every isolation test asks the same question: can someone of tenant A see or chan
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime
 
 import pytest
 import time_machine
 from rest_framework.test import APIClient
 
-from controlplane.choices import ALL_SCOPES, AuditSource, PlatformRole, TenantRole
-from controlplane.models import ServiceAccount, Tenant, User
-from controlplane.principal import Principal
-from controlplane.services.tokens import token_create
-from tests.factories import MembershipFactory, ServiceAccountFactory, TenantFactory, UserFactory
+from controlplane.choices import PlatformRole, TenantRole
+from controlplane.models import User
+from tests.support.factories import MembershipFactory, ServiceAccountFactory, TenantFactory, UserFactory
+from tests.support.principals import World, mint, principal
+from tests.support.processes import child_env
+from tests.support.regions import make_region, tiny_model_dir  # noqa: F401  (fixtures of every capability)
+from tests.support.registry import POLICY
+from tests.support.tiers import is_unit
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -26,6 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Most tests register versions whose URIs point nowhere; ingest is tested on its own.
     settings.ARTIFACT_INGEST_ON_REGISTER = False
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects, so that ``-m unit`` sees the mark
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``unit`` every test that needs no database, server, process or browser: ``make test-unit``."""
+    for item in items:
+        if is_unit(item):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(autouse=True)
@@ -56,21 +66,6 @@ def _wall_clock() -> Iterator[None]:
         yield
 
 
-@dataclass
-class World:
-    tenant_a: Tenant
-    tenant_b: Tenant
-    alice: User  # admin of A
-    dave: User  # developer of A
-    vera: User  # viewer of A
-    bob: User  # admin of B
-    admin: User  # platform admin
-    operator: User
-    auditor: User
-    robot_a: ServiceAccount
-    robot_b: ServiceAccount
-
-
 @pytest.fixture
 def world(db: None) -> World:
     tenant_a = TenantFactory(slug="acme", residency=["EU", "CH"])
@@ -94,24 +89,6 @@ def world(db: None) -> World:
     )
 
 
-def principal(user: User) -> Principal:
-    return Principal.for_user(user, source=AuditSource.API)
-
-
-def system() -> Principal:
-    return Principal.system("tests", source=AuditSource.COMMAND)
-
-
-def mint(user: User, scopes: list[str] | None = None, **kwargs: object) -> str:
-    """A bearer secret for a user, with all the scopes the user holds unless told otherwise."""
-    p = principal(user)
-    held = p.all_scopes & ALL_SCOPES
-    if len(p.tenant_roles) != 1 and "tenant" not in kwargs:  # models:invoke needs a tenant binding
-        held -= {"models:invoke"}
-    _, secret = token_create(actor=p, name="test", scopes=scopes or sorted(held), **kwargs)
-    return secret
-
-
 @pytest.fixture
 def api() -> Callable[..., APIClient]:
     """api(user) → a client authenticated with a fresh token of that user; api() → anonymous."""
@@ -125,32 +102,6 @@ def api() -> Callable[..., APIClient]:
         return client
 
     return make
-
-
-def database_url() -> str:
-    """The URL of the database the tests run on, for processes the tests start (workers, servers)."""
-    from django.db import connection
-
-    cfg = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{cfg['NAME']}"
-    auth = cfg["USER"] + (f":{cfg['PASSWORD']}" if cfg["PASSWORD"] else "")
-    return f"postgres://{auth}@{cfg['HOST'] or '127.0.0.1'}:{cfg['PORT'] or 5432}/{cfg['NAME']}"
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    import os
-
-    from django.conf import settings
-
-    from controlplane.services.audit_checkpoints import checkpoint_key
-
-    checkpoint_key()  # created here: a child given a key file never generates one itself
-    audit = {
-        "AUDIT_CHECKPOINT_DIR": settings.AUDIT_CHECKPOINT_DIR,
-        "AUDIT_CHECKPOINT_KEY_FILE": settings.AUDIT_CHECKPOINT_KEY_FILE,
-    }
-    return {**os.environ, "DATABASE_URL": database_url(), "LOG_FORMAT": "text", **audit, **extra}
 
 
 @pytest.fixture
@@ -195,23 +146,10 @@ def celery_worker(transactional_db: None, tmp_path):  # type: ignore[no-untyped-
     log.close()
 
 
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
 @pytest.fixture
 def chat_model(world: World):  # type: ignore[no-untyped-def]
     """Tenant A's private 8B chat model with the standard validation policy (tests/registry)."""
     from registry.services.models import model_register
-    from tests.registry.conftest import POLICY
 
     return model_register(
         actor=principal(world.alice),

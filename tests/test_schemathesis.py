@@ -19,11 +19,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from controlplane.wsgi import application
-from tests.conftest import mint, principal
-from tests.regions import conftest as regions_conftest
-from tests.registry.conftest import advance, register
-
-make_region = regions_conftest.make_region  # a fixture shared with tests/regions
+from tests.support.principals import mint, principal
+from tests.support.registry import advance, register
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 

@@ -20,8 +20,9 @@ from artifacts.services.replication import replica_for, replicate
 from artifacts.tasks import resume_replication
 from controlplane.models import AuditEvent
 from regions.drivers.base import DriverError
-from tests.conftest import child_env, principal, wait_for
-from tests.registry.conftest import register
+from tests.support.principals import principal
+from tests.support.processes import child_env, wait_for
+from tests.support.registry import register
 
 MiB = 1024 * 1024
 SMALL = CopyTuning(part_size=5 * MiB, concurrency=4)
@@ -146,6 +147,7 @@ copy_blob(
 """
 
 
+@pytest.mark.subprocess  # a copier to kill
 def test_a_killed_copy_resumes_without_recopying_finished_parts(s3_endpoints, tmp_path):
     """SIGKILL a worker mid-copy; the next attempt finds its upload and sends only the missing parts."""
     data = os.urandom(8 * MiB) * 25  # 200 MiB, 40 parts
@@ -296,8 +298,7 @@ def test_deployment_waits_for_its_regional_copy_then_starts_from_it(
     from regions.models import DeploymentTarget
     from regions.reconciler import reconcile_target
     from regions.services.deployments import deployment_create
-    from tests.regions.conftest import tiny_version
-    from tests.regions.test_reconciler import until_ready
+    from tests.support.regions import tiny_version, until_ready
 
     files = sorted(p for p in tiny_model_dir.iterdir() if p.is_file())
     manifest = [
@@ -490,7 +491,7 @@ def test_staging_a_version_starts_copies_ahead_only_where_it_may_be_stored(
 ):
     from registry.services.lifecycle import version_transition
     from registry.services.reports import report_submit
-    from tests.registry.conftest import GOOD_METRICS
+    from tests.support.registry import GOOD_METRICS
 
     actor = principal(world.alice)
     version = weights_version(world, chat_model, home, os.urandom(MiB))  # allowed in EU and CH

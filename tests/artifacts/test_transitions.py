@@ -6,8 +6,8 @@ from artifacts.choices import REPLICA_TRANSITIONS, ReplicaState
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import Audited, replica_for, replica_transition
 from controlplane.models import AuditEvent
-from tests.conftest import principal
-from tests.registry.conftest import register
+from tests.support.principals import principal
+from tests.support.registry import register
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ handed ``now``, and the API (which reads the clock at its edge) is called with t
 time-machine. ``TEST_CLOCK=2026-12-01T00:30Z pytest …`` runs any test with the wall clock started there.
 """
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -18,9 +17,9 @@ from billing.services import evaluate_budgets
 from controlplane.models import AuditEvent
 from regions.services.deployments import deployment_create, deployment_delete, deployment_scale
 from routing import services as routing
-from tests.conftest import principal
-from tests.regions.conftest import converge, tiny_version
-from tests.regions.test_reconciler import until_ready
+from tests.support.billing import HISTORY, gpu_history, hourly_usage
+from tests.support.principals import principal
+from tests.support.regions import converge, tiny_version, until_ready
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # starts engines
 
@@ -53,53 +52,8 @@ def test_the_reconciler_meters_gpus_held_through_scaling_and_deletion(world, cha
     assert not CapacitySegment.objects.filter(deployment=chat, ended_at__isnull=True).exists()
 
 
-HISTORY = datetime(2025, 6, 10, 8, tzinfo=UTC)  # a fixed past moment, inside one month
-
-
-def _history(world, chat, hours: int = 10, price: str = "2.50", start: datetime = HISTORY) -> None:  # type: ignore[no-untyped-def]
-    """``hours`` hours of one GPU at a known price from ``start``, and one request in each of them."""
-    CapacitySegment.objects.filter(deployment=chat).delete()
-    CapacitySegment.objects.create(
-        deployment=chat,
-        version=chat.version,
-        region=chat.targets.get().region,
-        gpu_type="L4",
-        gpus=1,
-        started_at=start,
-        ended_at=start + timedelta(hours=hours),
-    )
-    GpuPrice.objects.create(
-        region=chat.targets.get().region,
-        gpu_type="L4",
-        hourly_price=Decimal(price),
-        effective_from=start - timedelta(days=1),
-    )
-    _hourly_usage(world.tenant_a, chat, start, hours, prompt=100, completion=50)
-
-
-def _hourly_usage(tenant, deployment, start, hours: int, prompt: int, completion: int) -> None:  # type: ignore[no-untyped-def]
-    """One request in each of ``hours`` hours from ``start``, in eu-west-1."""
-    UsageRecord.objects.bulk_create(
-        UsageRecord(
-            request_id=uuid.uuid4().hex,
-            tenant=tenant,
-            model_name=deployment.name,
-            region="eu-west-1",
-            deployment=deployment,
-            version="tiny-llama@1.0.0",
-            status=200,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            latency_ms=10,
-            started_at=start + timedelta(hours=n, minutes=30),
-            hour=start + timedelta(hours=n),
-        )
-        for n in range(hours)
-    )
-
-
 def test_the_monthly_report_attributes_cost_and_is_tenant_scoped(world, chat, api):
-    _history(world, chat)
+    gpu_history(world, chat)
     month = "2025-06"
     mine = api(world.alice).get(f"/api/v1/costs/?month={month}&group_by=tenant,region,version")
     assert mine.status_code == 200, mine.content
@@ -121,7 +75,7 @@ def test_the_monthly_report_attributes_cost_and_is_tenant_scoped(world, chat, ap
 
 
 def test_a_history_across_a_month_boundary_is_split_between_the_two_months(world, chat, api):
-    _history(world, chat, hours=10, price="2.50", start=datetime(2025, 5, 31, 20, tzinfo=UTC))
+    gpu_history(world, chat, hours=10, price="2.50", start=datetime(2025, 5, 31, 20, tzinfo=UTC))
     may, june = (
         api(world.alice).get(f"/api/v1/costs/?month={month}&group_by=tenant,day").json()["rows"]
         for month in ("2025-05", "2025-06")
@@ -131,7 +85,7 @@ def test_a_history_across_a_month_boundary_is_split_between_the_two_months(world
 
 
 def test_a_report_bills_capacity_still_held_up_to_now_and_no_further(world, chat):
-    _history(world, chat, hours=10, price="2.50")
+    gpu_history(world, chat, hours=10, price="2.50")
     CapacitySegment.objects.filter(deployment=chat).update(ended_at=None)  # still running
     now = HISTORY + timedelta(hours=3, minutes=30)
     report = reports.build(HISTORY.replace(day=1, hour=0), HISTORY.replace(month=7, day=1, hour=0), now=now)
@@ -157,7 +111,7 @@ def test_prices_need_billing_write_and_keep_history(world, chat, api):
 
 
 def test_budget_thresholds_fire_once_and_a_hard_limit_blocks_the_tenant(world, chat):
-    _history(world, chat, hours=4, price="10.00")  # 40.00 spent in June 2025
+    gpu_history(world, chat, hours=4, price="10.00")  # 40.00 spent in June 2025
     now = HISTORY + timedelta(hours=5)
     month = reports.build(HISTORY.replace(day=1, hour=0), now, now=now)
     spent = sum((line.cost for line in month.lines if line.tenant == world.tenant_a.slug), Decimal(0))
@@ -182,7 +136,7 @@ def test_budget_thresholds_fire_once_and_a_hard_limit_blocks_the_tenant(world, c
 
 
 def test_an_unused_deployment_is_flagged_idle_with_its_monthly_saving(world, chat, api):
-    _history(world, chat, hours=10, price="2.50")
+    gpu_history(world, chat, hours=10, price="2.50")
     UsageRecord.objects.all().delete()
     with time_machine.travel(HISTORY + timedelta(hours=12), tick=False):  # the API reads the clock
         idle = api(world.alice).get("/api/v1/costs/idle/?hours=24").json()["deployments"]
@@ -256,7 +210,7 @@ def test_a_budget_in_another_currency_than_costs_is_refused(world, api, settings
 
 
 def test_the_costs_page_shows_a_tenant_admin_their_own_budget_only(world, chat, client):
-    _history(world, chat, hours=4, price="10.00")  # 40.00 spent by acme in June 2025
+    gpu_history(world, chat, hours=4, price="10.00")  # 40.00 spent by acme in June 2025
     world.tenant_a.monthly_budget, world.tenant_a.budget_thresholds = Decimal("100.00"), [25, 90]
     world.tenant_a.save()
     world.tenant_b.monthly_budget, world.tenant_b.budget_hard_limit = Decimal("777.00"), True
@@ -332,10 +286,10 @@ def test_a_shared_deployment_is_split_by_tokens_with_idle_apart(
         "data residency (US)" in table[world.tenant_b.slug]["models"]["assistant"]["unavailable"]
     )  # ...in residency
 
-    _history(world, shared, hours=10, price="2.50")  # 25.00 of GPU time; acme: 50 completion tokens/hour
+    gpu_history(world, shared, hours=10, price="2.50")  # 25.00 of GPU time; acme: 50 completion tokens/hour
     UsageRecord.objects.update(completion_tokens=300)
     start = UsageRecord.objects.order_by("started_at").first().hour
-    _hourly_usage(world.tenant_b, shared, start, 10, prompt=500, completion=100)
+    hourly_usage(world.tenant_b, shared, start, 10, prompt=500, completion=100)
     month = "2025-06"
     every = {
         r["tenant"]: Decimal(r["cost"])

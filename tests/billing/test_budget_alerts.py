@@ -24,8 +24,8 @@ from billing.services import evaluate_budgets
 from controlplane.models import AuditEvent, Tenant
 from regions.services.deployments import deployment_create
 from routing.services import current
-from tests.conftest import World, principal
-from tests.regions.conftest import tiny_version
+from tests.support.principals import World, principal
+from tests.support.regions import tiny_version
 
 pytestmark = pytest.mark.django_db(transaction=True)  # real commits: the behaviour is about them
 

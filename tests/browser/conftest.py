@@ -1,30 +1,12 @@
 """A real headless Chromium (Debian's package) driven by Playwright, against the live test server."""
 
 import os
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "screenshots"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def chromium_path() -> str:
-    path = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        pytest.fail("Chromium is not installed: `apt-get install chromium` (make test does this as root).")
-    return path
+from tests.support.browser import CHROMIUM_FLAGS, chromium_path
+from tests.support.overview import fleet  # noqa: F401  (a fixture: the Overview's fleet)
 
 
 @pytest.fixture(scope="session")
@@ -47,20 +29,3 @@ def page(browser, live_server):  # type: ignore[no-untyped-def]
     tab.set_default_timeout(15000)
     yield tab
     context.close()
-
-
-def shot(page, name: str) -> None:  # type: ignore[no-untyped-def]
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
-
-
-def login(page, username: str, password: str) -> None:  # type: ignore[no-untyped-def]
-    page.goto("/login/")
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", password)
-    page.click("button[type=submit]")
-    page.wait_for_selector(".sidebar")
-
-
-# Fixtures of the capabilities the browser tests walk through.
-from tests.regions.conftest import make_region, tiny_model_dir  # noqa: E402, F401

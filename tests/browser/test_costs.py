@@ -7,11 +7,11 @@ import pytest
 
 from billing.models import BudgetAlert
 from regions.services.deployments import deployment_create
-from tests.billing.test_billing import HISTORY, _history
-from tests.browser.conftest import login, shot
-from tests.conftest import principal
-from tests.factories import PASSWORD
-from tests.regions.conftest import converge, tiny_version
+from tests.support.billing import HISTORY, gpu_history
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
+from tests.support.principals import principal
+from tests.support.regions import converge, tiny_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -23,7 +23,7 @@ def test_costs_page_shows_real_numbers_and_only_ones_own(page, world, make_regio
         actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
     )
     converge(chat, passes=2)
-    _history(world, chat, hours=3, price="4.00")
+    gpu_history(world, chat, hours=3, price="4.00")
     BudgetAlert.objects.create(
         tenant=world.tenant_a,
         period=HISTORY.strftime("%Y-%m"),

@@ -2,8 +2,8 @@
 
 import pytest
 
-from tests.browser.conftest import login, shot
-from tests.factories import PASSWORD
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -6,10 +6,10 @@ import pytest
 
 from regions.models import Deployment
 from regions.reconciler import reconcile_region
-from tests.browser.conftest import login, shot
-from tests.conftest import principal
-from tests.factories import PASSWORD
-from tests.regions.conftest import tiny_version
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
+from tests.support.principals import principal
+from tests.support.regions import tiny_version
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

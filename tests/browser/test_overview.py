@@ -2,14 +2,13 @@
 
 import pytest
 
-from tests.browser.conftest import login, shot
-from tests.controlplane.test_overview import fleet  # noqa: F401  (the fleet fixture, clock at NOW)
-from tests.factories import PASSWORD
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
-def test_operator_sees_the_fleet_and_a_tenant_admin_their_slice(page, world, fleet):  # noqa: F811
+def test_operator_sees_the_fleet_and_a_tenant_admin_their_slice(page, world, fleet):
     login(page, "ops", PASSWORD)
     assert page.locator("h1").inner_text() == "Overview"
     stats = page.locator("#fleet-stats")

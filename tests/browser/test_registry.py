@@ -3,10 +3,10 @@
 import pytest
 
 from registry.services.reports import report_submit
-from tests.browser.conftest import login, shot
-from tests.conftest import principal
-from tests.factories import PASSWORD
-from tests.registry.conftest import GOOD_METRICS, register
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
+from tests.support.principals import principal
+from tests.support.registry import GOOD_METRICS, register
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

@@ -3,9 +3,9 @@
 import pytest
 
 from routing import health
-from tests.browser.conftest import login, shot
-from tests.factories import PASSWORD
-from tests.routing.test_gateway import _kill_engines, chat_in_two_eu_regions
+from tests.support.browser import login, shot
+from tests.support.factories import PASSWORD
+from tests.support.gateway import chat_in_two_eu_regions, kill_engines
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -15,7 +15,7 @@ def test_routing_page_shows_table_failover_timeline_and_what_if(page, world, mak
         world, make_region, tiny_model_dir, {"eu-west-1": "EU", "eu-central-1": "EU"}
     )
     health.cycle()
-    _kill_engines(regions["eu-west-1"], deployment)
+    kill_engines(regions["eu-west-1"], deployment)
     for _ in range(3):
         health.cycle()
 

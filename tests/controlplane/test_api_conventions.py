@@ -8,18 +8,9 @@ from django.core.cache import cache
 from openapi_spec_validator import validate
 
 from controlplane.models import AuditEvent, IdempotencyRecord, Tenant
+from tests.support.envelope import assert_envelope
 
 NEW_TENANT = {"slug": "initech", "name": "Initech", "residency": ["UK"]}
-
-
-def assert_envelope(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message", "detail"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    return body["error"]
 
 
 @pytest.mark.parametrize(

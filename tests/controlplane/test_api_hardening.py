@@ -3,12 +3,9 @@
 import pytest
 
 from controlplane.choices import READ_SCOPES
-from tests.conftest import principal
-from tests.controlplane.test_api_conventions import assert_envelope
-from tests.regions import conftest as regions_conftest
-from tests.registry.conftest import POLICY, register, version_payload
-
-make_region = regions_conftest.make_region  # a fixture shared with tests/regions
+from tests.support.envelope import assert_envelope
+from tests.support.principals import principal
+from tests.support.registry import POLICY, register, version_payload
 
 MODEL = "/api/v1/models/acme/llama-3-8b"
 
@@ -55,7 +52,7 @@ def test_alias_at_that_is_not_a_time_is_400(world, api, chat_model, at):
     response = api(world.alice).get(f"{MODEL}/aliases/stable/?at={quote(at)}")
     if response.status_code == 404:  # no alias yet: make one, then ask again
         from registry.services.lifecycle import alias_move
-        from tests.registry.conftest import advance
+        from tests.support.registry import advance
 
         version = advance(register(chat_model, principal(world.alice)), principal(world.alice), "staged")
 
@@ -72,7 +69,7 @@ def test_alias_at_that_is_not_a_time_is_400(world, api, chat_model, at):
 def test_manifest_of_an_s3_version_on_a_process_region_without_store_is_409(world, api, make_region):
     from regions.services.deployments import deployment_create
     from registry.services.models import model_register
-    from tests.registry.conftest import advance
+    from tests.support.registry import advance
 
     make_region("eu-west-1", "EU")
     op = principal(world.operator)
@@ -281,7 +278,7 @@ def test_bad_query_parameters_are_400(world, api, make_region, query):
     "path", ["/costs/?month=9999-12", "/deployments/new/?replicas=abc", "/deployments/new/?replicas=-1"]
 )
 def test_console_pages_with_bad_query_parameters_do_not_fail(world, client, chat_model, path):
-    from tests.registry.conftest import advance
+    from tests.support.registry import advance
 
     advance(register(chat_model, principal(world.alice)), principal(world.alice), "production")
     client.force_login(world.alice)
@@ -308,7 +305,7 @@ def test_audit_filters_take_any_offset_python_accepts(world, api, client, query,
 
 def test_alias_at_with_an_offset_postgresql_refuses_is_answered(world, api, chat_model):
     from registry.services.lifecycle import alias_move
-    from tests.registry.conftest import advance
+    from tests.support.registry import advance
 
     version = advance(register(chat_model, principal(world.alice)), principal(world.alice), "staged")
     alias_move(actor=principal(world.alice), model=chat_model, name="stable", version=version, reason="t")

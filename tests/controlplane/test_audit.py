@@ -18,7 +18,7 @@ from controlplane.services.audit_checkpoints import LOG_NAME, checkpoint_head
 from controlplane.services.audit_verification import verify_audit
 from controlplane.services.operations import operation_run, operation_start
 from controlplane.tasks import checkpoint_audit_chain
-from tests.conftest import principal, system
+from tests.support.principals import principal, system
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

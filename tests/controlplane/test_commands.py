@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from controlplane.models import AuditEvent, Membership, Tenant, User
 from controlplane.services.tokens import token_authenticate
-from tests.conftest import child_env, wait_for
+from tests.support.processes import child_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import json
 
 from controlplane.choices import TenantRole
 from controlplane.models import IdempotencyRecord, Membership
-from tests.conftest import mint
+from tests.support.principals import mint
 
 NEW_TOKEN = {"name": "ci", "scopes": ["registry:read"]}
 

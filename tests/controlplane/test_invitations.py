@@ -10,7 +10,7 @@ from django.utils import timezone
 from controlplane.choices import InvitationStatus, TenantRole
 from controlplane.models import AuditEvent, Invitation, Membership, User
 from controlplane.services.tenants import invitation_accept, invitation_create, invitations_expire
-from tests.conftest import principal
+from tests.support.principals import principal
 
 
 def _invite(client, username="bob", role="developer", tenant="acme"):

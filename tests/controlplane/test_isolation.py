@@ -9,7 +9,7 @@ import pytest
 from controlplane.models import ApiToken, AuditEvent, Membership, ServiceAccount, Tenant
 from controlplane.services.audit import audit_record
 from controlplane.services.tokens import token_create
-from tests.conftest import mint, principal, system
+from tests.support.principals import mint, principal, system
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_pages_show_only_own_tenant(as_alice, world):
 
 def test_the_users_page_shows_only_memberships_of_tenants_one_may_see(as_alice, world):
     """Dave is in both tenants: alice (acme) sees him, but not that he belongs to globex."""
-    from tests.factories import MembershipFactory
+    from tests.support.factories import MembershipFactory
 
     MembershipFactory(user=world.dave, tenant=world.tenant_b, role="viewer")
     page = as_alice.get("/users/").content.decode()

@@ -5,7 +5,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.test import Client
 
-from tests.factories import PASSWORD
+from tests.support.factories import PASSWORD
 
 A, B = "203.0.113.7", "198.51.100.9"
 

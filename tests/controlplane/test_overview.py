@@ -1,15 +1,13 @@
 """The Overview is the fleet: regions with health and GPUs, deployment states, traffic, spend, failovers
 and alerts, for an operator everything and for a tenant member only their own slice."""
 
-import uuid
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
 
-from billing.models import BudgetAlert, CapacitySegment, GpuPrice, UsageRecord
+from billing.models import UsageRecord
 from billing.selectors import spend_to_date, usage_rates
 from controlplane import views
 from controlplane.choices import Scope
@@ -19,103 +17,12 @@ from controlplane.services.tokens import may_manage_token, token_create, token_r
 from regions.choices import TargetStatus
 from regions.models import Deployment, Region
 from regions.selectors import deployment_states, fleet_capacity
-from regions.services.deployments import deployment_create
-from routing.choices import RoutingEventKind
-from routing.models import EndpointHealth, RoutingEvent
 from routing.selectors import region_health
-from tests.conftest import World, principal, system, wait_for
-from tests.factories import ServiceAccountFactory, UserFactory
-from tests.regions.conftest import make_region, tiny_model_dir, tiny_version  # noqa: F401  (fixtures)
-
-NOW = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
-
-
-@dataclass
-class Fleet:
-    eu: Region
-    us: Region
-    chat: Deployment  # tenant A's, ready in eu-west-1
-    bot: Deployment  # tenant B's, failed in us-east-1
-
-
-def _usage(
-    deployment: Deployment, region: str, count: int, prompt: int, completion: int, at: datetime
-) -> None:
-    UsageRecord.objects.bulk_create(
-        UsageRecord(
-            request_id=uuid.uuid4().hex,
-            tenant=deployment.owner,
-            model_name=deployment.name,
-            region=region,
-            deployment=deployment,
-            version="tiny-llama@1.0.0",
-            status=200,
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            latency_ms=10,
-            started_at=at,
-            hour=at.replace(minute=0, second=0, microsecond=0),
-        )
-        for _ in range(count)
-    )
-
-
-def _capacity(deployment: Deployment, region: Region, since: datetime, price: str) -> None:
-    CapacitySegment.objects.create(
-        deployment=deployment,
-        version=deployment.version,
-        region=region,
-        gpu_type="L4",
-        gpus=1,
-        started_at=since,
-    )
-    GpuPrice.objects.create(
-        region=region, gpu_type="L4", hourly_price=Decimal(price), effective_from=since - timedelta(days=30)
-    )
-
-
-@pytest.fixture
-def fleet(world: World, make_region, tiny_model_dir, monkeypatch) -> Fleet:  # type: ignore[no-untyped-def]  # noqa: F811
-    monkeypatch.setattr(views, "clock", lambda: NOW)
-    eu, us = make_region("eu-west-1", "EU"), make_region("us-east-1", "US")
-    version = tiny_version(principal(world.operator), tiny_model_dir)
-    chat = deployment_create(
-        actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
-    )
-    bot = deployment_create(
-        actor=principal(world.bob),
-        owner=world.tenant_b,
-        name="globex-bot",
-        model=version.model,
-        version="1.0.0",
-    )
-    chat.targets.update(status=TargetStatus.READY, ready_replicas=1, endpoints=["http://127.0.0.1:1/a"])
-    bot.targets.update(status=TargetStatus.FAILED, last_error="engine exited with 137 (out of memory)")
-    EndpointHealth.objects.create(url="http://127.0.0.1:1/a", region=eu)
-    EndpointHealth.objects.create(url="http://127.0.0.1:1/b", region=us, state="unhealthy")
-    # Month to date: A's GPU for 24 h at 2.00 (12 h of it today), B's for 6 h at 3.00, all today.
-    _capacity(chat, eu, NOW - timedelta(hours=24), "2.00")
-    _capacity(bot, us, NOW - timedelta(hours=6), "3.00")
-    # Last 5 minutes: A 30 requests of 150 tokens, B 60 of 300; and older traffic that does not count.
-    _usage(chat, "eu-west-1", 30, 100, 50, NOW - timedelta(minutes=2))
-    _usage(bot, "us-east-1", 60, 200, 100, NOW - timedelta(minutes=3))
-    _usage(chat, "eu-west-1", 500, 100, 50, NOW - timedelta(minutes=20))
-    RoutingEvent.objects.create(
-        kind=RoutingEventKind.FAILOVER,
-        tenant=world.tenant_a,
-        message="acme/chat failed over to eu-central-1",
-        at=NOW - timedelta(minutes=30),
-    )
-    RoutingEvent.objects.create(
-        kind=RoutingEventKind.UNAVAILABLE,
-        tenant=world.tenant_b,
-        message="globex/globex-bot has no region",
-        at=NOW - timedelta(minutes=10),
-    )
-    BudgetAlert.objects.create(
-        tenant=world.tenant_b, period="2026-06", threshold=80, spent=Decimal("32000"), budget=Decimal("40000")
-    )
-    return Fleet(eu, us, chat, bot)
+from tests.support.factories import ServiceAccountFactory, UserFactory
+from tests.support.overview import NOW
+from tests.support.principals import principal, system
+from tests.support.processes import wait_for
+from tests.support.regions import converge
 
 
 def test_selectors_give_the_operator_the_whole_fleet(world, fleet):
@@ -269,7 +176,6 @@ def test_seeded_deployment_becomes_ready_on_the_simulator(transactional_db, sett
 
     from regions.drivers.factory import default_state_dir, driver_for
     from regions.drivers.process import ProcessConfig
-    from tests.regions.conftest import converge
 
     settings.VAR_DIR = tmp_path
     call_command("seed_demo", "--engine", "simulator")  # what "auto" resolves to without vLLM installed

@@ -31,6 +31,7 @@ def test_debug_is_off_by_default():
     assert settings.DEBUG is False
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_deploy_check_passes_under_production_settings(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("x" * 30 + "-production-secret-key-with-enough-entropy-0123456789")
@@ -47,6 +48,7 @@ def test_deploy_check_passes_under_production_settings(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_deploy_check_warns_when_audit_checkpoints_are_off(tmp_path):
     secret = tmp_path / "secret"
     secret.write_text("x" * 30 + "-production-secret-key-with-enough-entropy-0123456789")
@@ -57,12 +59,14 @@ def test_deploy_check_warns_when_audit_checkpoints_are_off(tmp_path):
     assert missing.returncode != 0 and "controlplane.E001" in missing.stderr + missing.stdout
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_production_without_secret_key_refuses_to_start():
     result = run_manage("check", ALLOWED_HOSTS="cp.example.com")
     assert result.returncode != 0
     assert "SECRET_KEY" in result.stderr and "cp.example.com" in result.stderr
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_unreadable_secret_file_is_a_clear_error():
     result = run_manage("check", SECRET_KEY_FILE="/nonexistent/secret")
     assert result.returncode != 0 and "SECRET_KEY_FILE" in result.stderr
@@ -100,6 +104,7 @@ def _shell(code: str, **env: str) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_without_redis_every_process_shares_the_rate_limit_counters(tmp_path):
     """`serve` runs two web workers: a counter written by one process is seen by another."""
     var = {"CONTROLPLANE_VAR_DIR": str(tmp_path)}
@@ -108,6 +113,7 @@ def test_without_redis_every_process_shares_the_rate_limit_counters(tmp_path):
     assert seen == "[1, 2, 3]"
 
 
+@pytest.mark.subprocess  # runs manage.py
 def test_redis_is_the_cache_whenever_it_is_configured(tmp_path):
     code = "from django.conf import settings; print(settings.CACHES['default']['BACKEND'])"
     backend = _shell(code, REDIS_URL="redis://127.0.0.1:6379/3", CONTROLPLANE_VAR_DIR=str(tmp_path))

@@ -11,8 +11,8 @@ from controlplane.models import ApiToken
 from controlplane.services.tokens import token_create, token_digest
 from gateway.config import RouteCache, Settings
 from routing import selectors as routing
-from tests.conftest import principal
-from tests.factories import MembershipFactory
+from tests.support.factories import MembershipFactory
+from tests.support.principals import principal
 
 INVOKE = [Scope.MODELS_INVOKE]
 

@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from controlplane.models import ApiToken, AuditEvent
 from controlplane.services.tokens import token_digest
-from tests.conftest import mint
+from tests.support.principals import mint
 
 
 def test_created_token_secret_is_returned_once_and_only_its_hash_is_stored(world, api):

@@ -11,7 +11,7 @@ from controlplane import selectors
 from controlplane.choices import ALL_SCOPES, Scope
 from controlplane.models import ServiceAccount
 from controlplane.services.tokens import token_create
-from tests.conftest import principal, system
+from tests.support.principals import principal, system
 
 
 def _docs_robot_token() -> str:

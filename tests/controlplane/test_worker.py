@@ -3,7 +3,7 @@
 import pytest
 
 from controlplane.models import AuditEvent, Operation
-from tests.conftest import wait_for
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ from controlplane.models import AuditEvent
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create
 from regions.services.regions import region_set_status
-from tests.conftest import principal
-from tests.regions.conftest import tiny_version
+from tests.support.principals import principal
+from tests.support.regions import tiny_version
 
 
 @pytest.fixture

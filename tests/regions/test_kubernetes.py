@@ -14,9 +14,9 @@ from regions.drivers.kubernetes import KubernetesConfig, render_manifests
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
 from regions.services.regions import region_create
-from tests.conftest import principal
-from tests.regions.conftest import converge, tiny_version
 from tests.support.kube_api import KubeApiServer
+from tests.support.principals import principal
+from tests.support.regions import converge, tiny_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SPEC = WorkloadSpec(

@@ -6,8 +6,8 @@ import pytest
 from controlplane.errors import Conflict
 from regions.services.deployments import deployment_create
 from registry.selectors import deployable_versions
-from tests.conftest import principal
-from tests.regions.conftest import tiny_version
+from tests.support.principals import principal
+from tests.support.regions import tiny_version
 
 
 @pytest.fixture

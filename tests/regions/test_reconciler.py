@@ -10,11 +10,12 @@ import pytest
 import requests
 
 from controlplane.models import AuditEvent
-from regions.models import Deployment, DeploymentEvent, DeploymentTarget
+from regions.models import DeploymentEvent, DeploymentTarget
 from regions.reconciler import reconcile_region, reconcile_target
 from regions.services.deployments import deployment_create, deployment_delete, deployment_scale
-from tests.conftest import principal, wait_for
-from tests.regions.conftest import converge, tiny_version
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.regions import converge, replica_pids, target_of, tiny_version, until_ready
 
 # The reconciler runs targets on threads with their own database connections: data must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -28,24 +29,6 @@ def deployed(world, make_region, tiny_model_dir):
         actor=principal(world.alice), owner=world.tenant_a, name="chat", model=version.model, version="1.0.0"
     )
     return deployment, region
-
-
-def target_of(deployment: Deployment) -> DeploymentTarget:
-    return DeploymentTarget.objects.get(deployment=deployment)
-
-
-def until_ready(deployment: Deployment, replicas: int = 1) -> DeploymentTarget:
-    def ready():
-        converge(deployment)
-        target = target_of(deployment)
-        return target if target.status == "ready" and target.ready_replicas == replicas else None
-
-    return wait_for(ready, timeout=30, interval=0.3)
-
-
-def replica_pids(region, deployment) -> list[int]:
-    folder = Path(region.driver_config["state_dir"]) / f"cp-{deployment.pk}-{deployment.name}"
-    return [json.loads(p.read_text())["pid"] for p in sorted(folder.glob("replica-*.json"))]
 
 
 def test_converges_to_ready_and_serves(deployed):
@@ -197,7 +180,7 @@ def test_one_regions_failure_does_not_block_another(world, make_region, tiny_mod
 
 
 def test_following_an_alias_rolls_the_deployment_when_the_alias_moves(world, make_region, tiny_model_dir):
-    from tests.registry.conftest import advance, register
+    from tests.support.registry import advance, register
 
     make_region("eu-west-1", "EU")
     operator = principal(world.operator)

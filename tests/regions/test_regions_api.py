@@ -3,9 +3,8 @@
 import pytest
 
 from regions.models import Deployment, Region
-from tests.conftest import principal
-from tests.regions.conftest import tiny_version
-from tests.regions.test_reconciler import until_ready
+from tests.support.principals import principal
+from tests.support.regions import tiny_version, until_ready
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

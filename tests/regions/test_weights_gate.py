@@ -11,8 +11,8 @@ from regions.drivers.process import ProcessConfig, ProcessDriver
 from regions.models import DeploymentTarget
 from regions.reconciler import reconcile_target
 from regions.services.deployments import deployment_create
-from tests.conftest import principal
-from tests.regions.conftest import tiny_version
+from tests.support.principals import principal
+from tests.support.regions import tiny_version
 
 
 @pytest.fixture

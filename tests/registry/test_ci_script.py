@@ -12,9 +12,10 @@ import pytest
 from controlplane.services.tenants import service_account_create
 from controlplane.services.tokens import token_create
 from registry.models import ModelVersion, RegisteredModel
-from tests.conftest import child_env, principal
-from tests.factories import TenantFactory
-from tests.registry.conftest import GOOD_METRICS, version_payload
+from tests.support.factories import TenantFactory
+from tests.support.principals import principal
+from tests.support.processes import child_env
+from tests.support.registry import GOOD_METRICS, version_payload
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SCRIPT = Path(__file__).resolve().parents[2] / "docs" / "ci" / "registry-ci.sh"

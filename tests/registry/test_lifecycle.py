@@ -15,8 +15,8 @@ from registry.models import AliasMove, ModelVersion, VersionTransition
 from registry.services.lifecycle import alias_move, model_rollback, version_transition
 from registry.services.reports import report_submit
 from registry.usage import USAGE_CHECKERS
-from tests.conftest import principal
-from tests.registry.conftest import GOOD_METRICS, advance, register
+from tests.support.principals import principal
+from tests.support.registry import GOOD_METRICS, advance, register
 
 S = VersionStatus
 ALL_PAIRS = [(a, b) for a in S.values for b in S.values if a != b]

@@ -7,8 +7,8 @@ from registry.engine_args import render_flags, validate_engine_args, vllm_availa
 from registry.policy import evaluate, parse_policy
 from registry.services.reports import report_submit
 from registry.sizing import GIB, estimate
-from tests.conftest import principal
-from tests.registry.conftest import advance, register
+from tests.support.principals import principal
+from tests.support.registry import advance, register
 
 
 def results(policy, values, baseline=None):

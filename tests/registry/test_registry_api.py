@@ -4,7 +4,7 @@ import pytest
 
 from controlplane.models import AuditEvent
 from registry.models import ModelVersion
-from tests.registry.conftest import GOOD_METRICS, POLICY, version_payload
+from tests.support.registry import GOOD_METRICS, POLICY, version_payload
 
 BASE = "/api/v1/models/acme/llama-3-8b"
 
@@ -13,7 +13,7 @@ BASE = "/api/v1/models/acme/llama-3-8b"
 def ci(world, api, chat_model):
     """The tenant's CI robot (developer role) with the registry scopes."""
     from controlplane.services.tokens import token_create
-    from tests.conftest import principal
+    from tests.support.principals import principal
 
     _, secret = token_create(
         actor=principal(world.alice),
@@ -112,8 +112,8 @@ def test_ci_flow_through_the_api(ci, world, api):
 
 
 def test_alias_api_with_point_in_time_query(ci, chat_model, world):
-    from tests.conftest import principal
-    from tests.registry.conftest import advance, register
+    from tests.support.principals import principal
+    from tests.support.registry import advance, register
 
     advance(register(chat_model, principal(world.alice), "1.0.0"), principal(world.alice), "validated")
     missing = ci.put(f"{BASE}/aliases/stable/", {"version": "9.9.9"}, format="json")

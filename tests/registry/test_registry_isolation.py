@@ -4,8 +4,8 @@ import pytest
 
 from registry.models import ModelVersion, RegisteredModel
 from registry.services.models import model_register
-from tests.conftest import principal
-from tests.registry.conftest import advance, register, version_payload
+from tests.support.principals import principal
+from tests.support.registry import advance, register, version_payload
 
 A = "/api/v1/models/acme/llama-3-8b"
 

@@ -25,10 +25,10 @@ from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
 from routing import health, selectors, services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
-from tests.conftest import principal, wait_for
-from tests.regions.conftest import tiny_version
-from tests.regions.test_vllm import ready_targets
-from tests.routing.test_gateway import LOCATIONS, Gateway, _kill_engines, chat, free_port, gateway_secret
+from tests.support.gateway import LOCATIONS, Gateway, chat, gateway_secret, kill_engines
+from tests.support.principals import principal
+from tests.support.processes import free_port, wait_for
+from tests.support.regions import ready_targets, tiny_version
 
 pytestmark = [
     pytest.mark.slow,
@@ -163,7 +163,7 @@ def test_real_engines_residency_failover_and_fail_closed(
         caller = threading.Thread(target=client)
         caller.start()
         time.sleep(1)
-        _kill_engines(regions["eu-west-1"], deployment)
+        kill_engines(regions["eu-west-1"], deployment)
         killed = time.monotonic()
         try:
             wait_for(
@@ -195,7 +195,7 @@ def test_real_engines_residency_failover_and_fail_closed(
         ), check
 
         # Both EU engines dead, the US one healthy: refused, never spilled.
-        _kill_engines(regions["eu-central-1"], deployment)
+        kill_engines(regions["eu-central-1"], deployment)
         for _ in range(3):
             health.cycle()
         assert EndpointHealth.objects.get(url=endpoints["us-east-1"]).state == "healthy"

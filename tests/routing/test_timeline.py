@@ -12,8 +12,9 @@ from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from routing import health, selectors, services
 from routing.models import RoutingEvent
-from tests.conftest import principal, wait_for
-from tests.regions.conftest import converge, tiny_version
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.regions import converge, tiny_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7)}

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from tests.routing.test_gateway import Gateway
+from tests.support.gateway import Gateway
 
 pytestmark = pytest.mark.slow
 TOKEN = "cpt_retry000_secret"

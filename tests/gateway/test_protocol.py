@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.streaming import EventFilter
-from tests.routing.gateway_harness import GatewayWorld
+from tests.support.gateway_harness import GatewayWorld
 
 CHAT = "/v1/chat/completions"
 

@@ -9,8 +9,7 @@ from billing.models import UsageRecord
 from billing.services import usage_ingest
 from controlplane.models import Tenant
 from controlplane.principal import Principal
-from tests.routing.gateway_harness import GatewayWorld
-from tests.routing.test_gateway import fleet  # noqa: F401  (the live fixture)
+from tests.support.gateway_harness import GatewayWorld
 
 
 @pytest.fixture
@@ -77,11 +76,11 @@ def test_n_requests_make_exactly_n_usage_records_whatever_the_headers(world, gw,
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_end_to_end_a_replayed_header_is_billed_and_traced_per_request(world, fleet, api):  # noqa: F811
+def test_end_to_end_a_replayed_header_is_billed_and_traced_per_request(world, fleet, api):
     import requests as http
 
-    from tests.conftest import wait_for
-    from tests.routing.test_gateway import chat
+    from tests.support.gateway import chat
+    from tests.support.processes import wait_for
 
     gateway, alice = fleet["gateway"], fleet["tokens"]["alice"]
     answers = [chat(gateway, alice)]

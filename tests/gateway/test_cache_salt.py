@@ -5,7 +5,7 @@ import pytest
 
 from routing import selectors, services
 from routing.routes import Endpoint, Placement, TenantPolicy, route
-from tests.routing.gateway_harness import GatewayWorld
+from tests.support.gateway_harness import GatewayWorld
 
 
 @pytest.fixture
@@ -97,9 +97,8 @@ def test_salts_are_published_to_gateways_only_and_cannot_be_guessed(world, api):
 def test_the_published_table_marks_a_shared_deployment_and_only_it(world, make_region, tiny_model_dir):
     from regions.services.deployments import deployment_create
     from registry.models import RegisteredModel
-    from tests.conftest import principal
-    from tests.regions.conftest import tiny_version
-    from tests.regions.test_reconciler import until_ready
+    from tests.support.principals import principal
+    from tests.support.regions import tiny_version, until_ready
 
     make_region("eu-west-1", "EU")
     tiny_version(principal(world.operator), tiny_model_dir)

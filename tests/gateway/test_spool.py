@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 import gateway.usage
 from gateway.usage import UsageShipper
-from tests.conftest import wait_for
-from tests.routing.gateway_harness import TOKENS, GatewayWorld
+from tests.support.gateway_harness import TOKENS, GatewayWorld
+from tests.support.processes import wait_for
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_the_spool_is_reported_on_healthz_and_metrics(gw):
 
 @pytest.mark.slow
 def test_kill_9_during_an_outage_then_recovery_counts_every_request(tmp_path):
-    from tests.routing.test_gateway import Gateway
+    from tests.support.gateway import Gateway
 
     world = GatewayWorld(tmp_path / "fakes")  # its engine and control plane, served to a real process
     auth = {"Authorization": f"Bearer {TOKENS['acme']}"}

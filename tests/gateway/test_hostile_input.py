@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.routing.gateway_harness import GatewayWorld
+from tests.support.gateway_harness import GatewayWorld
 
 CHAT = "/v1/chat/completions"
 
@@ -98,8 +98,8 @@ def test_a_long_authorization_header_is_a_401_and_huge_headers_a_431(gw):
 def test_a_50_mb_body_through_uvicorn_is_refused_without_being_buffered(tmp_path):
     import requests
 
-    from tests.routing.gateway_harness import TOKENS
-    from tests.routing.test_gateway import Gateway
+    from tests.support.gateway import Gateway
+    from tests.support.gateway_harness import TOKENS
 
     world = GatewayWorld(tmp_path / "fakes")
     gateway = Gateway(world.control.url, "gw", tmp_path / "routes.json", tmp_path / "gateway.log")

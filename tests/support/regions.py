@@ -1,5 +1,8 @@
-"""Regions fixtures: local process regions (simulated or real vLLM engines) and a deployable tiny model."""
+"""Local process regions (simulated or real vLLM engines), a deployable tiny model, and waiting for them.
 
+``make_region`` and ``tiny_model_dir`` are fixtures; tests/conftest.py offers them to every test."""
+
+import json
 import shutil
 from pathlib import Path
 
@@ -8,15 +11,17 @@ import pytest
 from controlplane.principal import Principal
 from regions.drivers.factory import driver_for
 from regions.engines.tiny_model import write_tiny_model
-from regions.models import Region
+from regions.models import Deployment, DeploymentTarget, Region
 from regions.reconciler import reconcile_target
 from regions.services.regions import region_create
 from registry.models import ModelVersion
 from registry.services.models import model_register
-from tests.conftest import principal
-from tests.registry.conftest import advance, register
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.registry import advance, register
 
 TINY_ENGINE_ARGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": 512}
+ENGINE_START_TIMEOUT = 420  # a real vLLM engine (CPU build)
 
 
 @pytest.fixture(scope="session")
@@ -88,3 +93,30 @@ def converge(deployment, passes: int = 1) -> None:  # type: ignore[no-untyped-de
         for target in deployment.targets.all():
             target.__class__.objects.filter(pk=target.pk).update(lease_until=None)
             reconcile_target(target.pk)
+
+
+def target_of(deployment: Deployment) -> DeploymentTarget:
+    return DeploymentTarget.objects.get(deployment=deployment)
+
+
+def until_ready(deployment: Deployment, replicas: int = 1) -> DeploymentTarget:
+    def ready():
+        converge(deployment)
+        target = target_of(deployment)
+        return target if target.status == "ready" and target.ready_replicas == replicas else None
+
+    return wait_for(ready, timeout=30, interval=0.3)
+
+
+def replica_pids(region, deployment) -> list[int]:
+    folder = Path(region.driver_config["state_dir"]) / f"cp-{deployment.pk}-{deployment.name}"
+    return [json.loads(p.read_text())["pid"] for p in sorted(folder.glob("replica-*.json"))]
+
+
+def ready_targets(deployment, count: int):  # type: ignore[no-untyped-def]
+    def ready():
+        converge(deployment)
+        targets = list(DeploymentTarget.objects.filter(deployment=deployment, status="ready"))
+        return targets if len(targets) == count else None
+
+    return wait_for(ready, timeout=ENGINE_START_TIMEOUT, interval=3)

@@ -2,155 +2,21 @@
 HTTP and the gateway as its own process (uvicorn), called like an OpenAI client would."""
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import requests
 
 from billing.models import UsageRecord
-from controlplane.choices import PlatformRole, Scope
-from controlplane.services.tenants import service_account_create
-from controlplane.services.tokens import token_create
-from regions.models import DeploymentTarget
-from regions.services.deployments import deployment_create
 from routing import health, services
 from routing.models import RouteTable, RoutingEvent
-from tests.conftest import child_env, principal, wait_for
-from tests.regions.conftest import tiny_version
+from tests.support.gateway import Gateway, chat, kill_engines
+from tests.support.principals import principal
+from tests.support.processes import free_port, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7), "us-east-1": (38.9, -77.0)}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Gateway:
-    def __init__(self, control_plane: str, token: str, cache: Path, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = child_env(
-            CONTROL_PLANE_URL=control_plane,
-            GATEWAY_TOKEN=token,
-            GATEWAY_CACHE_FILE=str(cache),
-            GATEWAY_LONG_POLL_SECONDS="2",  # a poll still open when a test ends would outlive its database
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--port", str(self.port)],
-            env=env,
-            stdout=log.open("a"),
-            stderr=subprocess.STDOUT,
-        )
-        wait_for(self._has_table, timeout=30)
-
-    def _has_table(self) -> bool:
-        try:
-            return bool(requests.get(f"{self.url}/healthz", timeout=1).json()["generation"])
-        except (requests.RequestException, ValueError):
-            return False
-
-    def generation(self) -> int:
-        return int(requests.get(f"{self.url}/healthz", timeout=1).json()["generation"])
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=20)
-
-
-def chat(gateway: Gateway, token: str, model: str = "chat", **extra):  # type: ignore[no-untyped-def]
-    body = {
-        "model": model,
-        "messages": [{"role": "user", "content": "hello there"}],
-        "max_tokens": 8,
-        **extra,
-    }
-    return requests.post(
-        f"{gateway.url}/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-
-
-def chat_in_two_eu_regions(world, make_region, tiny_model_dir, jurisdictions):  # type: ignore[no-untyped-def]
-    """acme (home eu-west-1) runs `chat` in eu-west-1 and eu-central-1, ready: (deployment, regions)."""
-    regions = {}
-    for code, jurisdiction in jurisdictions.items():
-        regions[code] = make_region(code, jurisdiction)
-        regions[code].latitude, regions[code].longitude = LOCATIONS[code]
-        regions[code].save()
-    world.tenant_a.home_region = "eu-west-1"
-    world.tenant_a.save()
-    version = tiny_version(principal(world.operator), tiny_model_dir)
-    deployment = deployment_create(
-        actor=principal(world.alice),
-        owner=world.tenant_a,
-        name="chat",
-        model=version.model,
-        version="1.0.0",
-        regions=["eu-west-1", "eu-central-1"],
-        min_regions=2,
-    )
-    wait_for(lambda: _all_ready(deployment), timeout=60, interval=0.3)
-    return deployment, regions
-
-
-def gateway_secret(world) -> str:  # type: ignore[no-untyped-def]
-    """A platform robot's token with gateway:sync, as a gateway holds."""
-    robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
-    return token_create(
-        actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
-    )[1]
-
-
-@pytest.fixture
-def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: ignore[no-untyped-def]
-    """acme (EU, CH) runs `chat` in eu-west-1 (its home) and eu-central-1; a US region exists too."""
-    everywhere = {"eu-west-1": "EU", "eu-central-1": "EU", "us-east-1": "US"}
-    deployment, regions = chat_in_two_eu_regions(world, make_region, tiny_model_dir, everywhere)
-    gateway_token = gateway_secret(world)
-    invoke = {}
-    for user in (world.alice, world.bob):
-        _, invoke[user.username] = token_create(
-            actor=principal(user),
-            name="app",
-            scopes=[Scope.MODELS_INVOKE, Scope.DEPLOYMENTS_READ, Scope.BILLING_READ],
-        )
-    health.cycle()
-    gateway = Gateway(live_server.url, gateway_token, tmp_path / "routes.json", tmp_path / "gateway.log")
-    yield {
-        "gateway": gateway,
-        "deployment": deployment,
-        "regions": regions,
-        "tokens": invoke,
-        "live": live_server,
-    }
-    gateway.stop()
-
-
-def _all_ready(deployment) -> bool:  # type: ignore[no-untyped-def]
-    from tests.regions.conftest import converge
-
-    converge(deployment)
-    targets = DeploymentTarget.objects.filter(deployment=deployment)
-    return targets.count() == 2 and all(t.status == "ready" for t in targets)
-
-
-def _kill_engines(region, deployment) -> None:  # type: ignore[no-untyped-def]
-    from tests.regions.test_reconciler import replica_pids
-
-    for pid in replica_pids(region, deployment):
-        os.killpg(pid, signal.SIGKILL)  # the engine and its children (vLLM's engine core)
 
 
 def test_an_eu_tenant_is_served_at_home_streams_and_is_metered_exactly_once(world, fleet):
@@ -239,7 +105,7 @@ def test_other_tenants_and_bad_tokens_are_refused(world, fleet):
 
 def test_killing_the_home_region_moves_traffic_without_a_failed_request_then_fails_closed(world, fleet):
     gateway, alice, deployment = fleet["gateway"], fleet["tokens"]["alice"], fleet["deployment"]
-    _kill_engines(fleet["regions"]["eu-west-1"], deployment)
+    kill_engines(fleet["regions"]["eu-west-1"], deployment)
     killed = time.monotonic()
     first = chat(gateway, alice)
     first_elsewhere = time.monotonic() - killed
@@ -255,7 +121,7 @@ def test_killing_the_home_region_moves_traffic_without_a_failed_request_then_fai
         kind="failover", from_region="eu-west-1", to_region="eu-central-1"
     ).exists()
 
-    _kill_engines(fleet["regions"]["eu-central-1"], deployment)
+    kill_engines(fleet["regions"]["eu-central-1"], deployment)
     for _ in range(3):
         health.cycle()
     generation = RouteTable.objects.order_by("-generation").first().generation

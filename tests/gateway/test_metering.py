@@ -4,7 +4,7 @@ reports as ``usage`` and however the response ends (the engine failing mid-strea
 import pytest
 
 from gateway.app import usage_tokens
-from tests.routing.gateway_harness import GatewayWorld
+from tests.support.gateway_harness import GatewayWorld
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import uuid
 import pytest
 
 from billing.models import UsageRecord
-from tests.routing.test_gateway import gateway_secret
+from tests.support.gateway import gateway_secret
 
 pytestmark = pytest.mark.django_db
 

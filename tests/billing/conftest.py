@@ -1,1 +1,0 @@
-from tests.regions.conftest import make_region, tiny_model_dir  # noqa: F401  (shared fixtures)
