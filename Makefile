@@ -15,7 +15,7 @@ test-unit:  ## in seconds: the tests that need no database, server, process or b
 lint:  ## ruff, mypy over every package, deptry (every import declared for a plain install)
 	scripts/bootstrap test,dev
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . \
-	  && .venv/bin/mypy controlplane registry regions artifacts billing routing gateway \
+	  && .venv/bin/mypy controlplane core registry regions artifacts billing routing gateway \
 	  && .venv/bin/deptry .
 
 smoke:  ## the README's quick start on a fresh clone of HEAD: dashboard and gateway answer, Ctrl-C stops all

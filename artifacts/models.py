@@ -12,7 +12,7 @@ class ArtifactReplica(models.Model):
     """A model version's weights, verified, in one region's object store.
 
     pending → copying → verifying → ready;  copying/verifying → failed → (retry) pending;
-    any → forbidden when residency (``controlplane.residency``) does not let the version be stored in the
+    any → forbidden when residency (``core.residency``) does not let the version be stored in the
     region: outside its allowed jurisdictions or, for a private version, outside its owner's residency;
     forbidden → pending when a changed policy allows it again (the periodic pass checks every replica).
     Every state change is a compare-and-set (``artifacts.services.replication.replica_transition``).

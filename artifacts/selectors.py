@@ -6,8 +6,8 @@ from django.db.models import QuerySet
 
 from artifacts.drivers.stores import store_from_config
 from artifacts.models import ArtifactReplica
-from controlplane.errors import NotFound
-from controlplane.principal import Principal
+from core.errors import NotFound
+from core.principal import Principal
 from regions import selectors as region_selectors
 from registry.selectors import models_for
 

@@ -7,9 +7,9 @@ from django.views.decorators.http import require_POST
 
 from artifacts import selectors
 from artifacts.services import scheduling
-from controlplane.choices import Scope
-from controlplane.principal import Principal
-from controlplane.views import page
+from core.choices import Scope
+from core.principal import Principal
+from core.views import page
 
 
 @page

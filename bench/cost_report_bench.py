@@ -35,9 +35,9 @@ def world(month_start):  # type: ignore[no-untyped-def]
     from django.core.management import call_command
 
     from billing.models import CapacitySegment, GpuPrice
-    from controlplane.choices import AuditSource
-    from controlplane.models import Tenant
-    from controlplane.principal import Principal
+    from core.choices import AuditSource
+    from core.models import Tenant
+    from core.principal import Principal
     from regions.models import Deployment, Region
     from regions.services.deployments import deployment_create
     from registry.models import RegisteredModel

@@ -33,8 +33,8 @@ django.setup()
 from django.core.management import call_command  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from controlplane.models import Tenant  # noqa: E402
-from controlplane.principal import Principal  # noqa: E402
+from core.models import Tenant  # noqa: E402
+from core.principal import Principal  # noqa: E402
 from regions.models import Deployment, DeploymentTarget, Region  # noqa: E402
 from regions.reconciler import reconcile_region  # noqa: E402
 from regions.services.regions import region_create  # noqa: E402

@@ -15,8 +15,8 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from controlplane.choices import Scope
-from controlplane.principal import Principal
+from core.choices import Scope
+from core.principal import Principal
 from regions.drivers.prometheus import prometheus_client
 from regions.models import DeploymentTarget, Region
 

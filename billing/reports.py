@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from billing.costing import IDLE, Price, PriceBook, Segment, attribute, round_region_hour, segment_costs
 from billing.models import CapacitySegment, GpuPrice, UsageRecord
-from controlplane.models import Tenant
+from core.models import Tenant
 from regions.models import GpuPool, Region
 
 MONTH_HOURS = Decimal(730)

@@ -1,17 +1,17 @@
 """The usage check: a request served where residency does not let its tenant be served (a stale route table,
 a misbehaving gateway) is billed all the same, because usage is billing data, but audited and logged, so a
-breach is seen instead of silent. The rule is ``controlplane.residency``, as everywhere else."""
+breach is seen instead of silent. The rule is ``core.residency``, as everywhere else."""
 
 import logging
 from collections import defaultdict
 from collections.abc import Iterable
 
 from billing.models import UsageRecord
-from controlplane.choices import AuditSource
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.residency import residency_of, residency_refusal, weights_of
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource
+from core.models import Tenant
+from core.principal import Principal
+from core.residency import residency_of, residency_refusal, weights_of
+from core.services.audit import audit_record
 from regions.models import Deployment, Region
 
 log = logging.getLogger(__name__)

@@ -8,11 +8,11 @@ from django.utils import timezone
 
 from billing import reports
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
-from controlplane.choices import Scope
-from controlplane.errors import NotFound
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.selectors import scoped, tenants_for, visible_tenant_slugs
+from core.choices import Scope
+from core.errors import NotFound
+from core.models import Tenant
+from core.principal import Principal
+from core.selectors import scoped, tenants_for, visible_tenant_slugs
 
 
 def usage_for(principal: Principal) -> QuerySet[UsageRecord]:

@@ -18,11 +18,11 @@ from billing.costing import CENT
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from billing.reports import build, month_bounds, spent_by_tenant, thresholds_of
 from billing.residency import audit_usage_outside_residency
-from controlplane.choices import AuditSource, Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource, Scope
+from core.errors import Conflict, ValidationFailed
+from core.models import Tenant
+from core.principal import Principal
+from core.services.audit import audit_record
 from gateway import contract
 from regions.models import Deployment, Region
 

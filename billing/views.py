@@ -11,8 +11,8 @@ from django.shortcuts import render
 from django.utils import timezone
 
 from billing import reports, selectors
-from controlplane.principal import Principal
-from controlplane.views import page
+from core.principal import Principal
+from core.views import page
 
 COLORS = ["#2563eb", "#16a34a", "#d97706", "#9333ea", "#dc2626", "#0891b2"]
 CHART_HEIGHT = 160

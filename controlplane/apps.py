@@ -1,13 +1,11 @@
 from django.apps import AppConfig
 
 
-class ControlplaneConfig(AppConfig):
-    name = "controlplane"
-    verbose_name = "Control plane"
-    default_auto_field = "django.db.models.BigAutoField"
+class ShellConfig(AppConfig):
+    """The project shell: settings, root URLs, the Celery app, ASGI/WSGI, the fleet Overview and the
+    commands that run or seed the whole stack. It is installed only for those commands, templates and static
+    files; it has no models."""
 
-    def ready(self) -> None:
-        # Long-running operation handlers register themselves on import, and so does the Celery task
-        # that runs them (operation_start enqueues through it).
-        from controlplane import checks, tasks  # noqa: F401
-        from controlplane.services import audit_verification  # noqa: F401
+    name = "controlplane"
+    label = "shell"
+    verbose_name = "Control plane"

@@ -10,7 +10,7 @@ from typing import Any
 from celery import Celery
 from celery.signals import before_task_publish, task_failure, task_postrun, task_prerun, task_success
 
-from controlplane.observability import TASKS, current_request_id, request_id_var
+from core.observability import TASKS, current_request_id, request_id_var
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 

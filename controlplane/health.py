@@ -5,7 +5,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from controlplane.celery import app as celery_app
-from controlplane.observability import METRICS_CONTENT_TYPE, metrics_exposition
+from core.observability import METRICS_CONTENT_TYPE, metrics_exposition
 
 
 @require_GET

@@ -12,8 +12,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from controlplane.api.schema import TAGS as API_TAGS
 from controlplane.env import env_bool, env_int, env_list, env_str, local_secret_key
+from core.api.schema import TAGS as API_TAGS
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # State (SQLite file, broker folder, keys, tokens): var/ of the checkout, or of the working directory when
@@ -48,19 +48,22 @@ INSTALLED_APPS = [
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
-    "controlplane",
+    # The apps in their dependency order, lowest first (docs/architecture.md): each imports only apps listed
+    # before it. The project shell (controlplane) comes last; it may import them all.
+    "core",
     "registry",
     "regions",
     "artifacts",
     "billing",
     "routing",
+    "controlplane",
     "axes",
 ]
 
 MIDDLEWARE = [
-    "controlplane.observability.RequestContextMiddleware",
-    "controlplane.api.parsers.RejectOversizedBodyMiddleware",
-    "controlplane.api.parsers.RejectNulMiddleware",
+    "core.observability.RequestContextMiddleware",
+    "core.api.parsers.RejectOversizedBodyMiddleware",
+    "core.api.parsers.RejectNulMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -106,7 +109,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "controlplane.views.navigation",
+                "core.views.navigation",
             ],
         },
     },
@@ -214,13 +217,13 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
-    "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
+    "prune-idempotency-records": {"task": "core.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "expire-invitations": {"task": "core.tasks.expire_invitations", "schedule": 3600.0},
     "collect-artifact-garbage": {"task": "artifacts.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "artifacts.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},
     "checkpoint-audit-chain": {
-        "task": "controlplane.tasks.checkpoint_audit_chain",
+        "task": "core.tasks.checkpoint_audit_chain",
         "schedule": float(env_int("AUDIT_CHECKPOINT_INTERVAL_SECONDS", 300)),
     },
     "reconcile-regions": {
@@ -231,22 +234,22 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "controlplane.api.authentication.BearerTokenAuthentication",
-        "controlplane.api.authentication.PrincipalSessionAuthentication",
+        "core.api.authentication.BearerTokenAuthentication",
+        "core.api.authentication.PrincipalSessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "controlplane.api.conventions.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "core.api.conventions.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_FILTER_BACKENDS": [
         "django_filters.rest_framework.DjangoFilterBackend",
         "rest_framework.filters.OrderingFilter",
     ],
-    "DEFAULT_THROTTLE_CLASSES": ["controlplane.api.conventions.PrincipalRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["core.api.conventions.PrincipalRateThrottle"],
     "DEFAULT_THROTTLE_RATES": {"principal": env_str("API_RATE_LIMIT", "1200/min")},
-    "EXCEPTION_HANDLER": "controlplane.api.conventions.exception_handler",
+    "EXCEPTION_HANDLER": "core.api.conventions.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["controlplane.api.parsers.JSONBodyParser"],
+    "DEFAULT_PARSER_CLASSES": ["core.api.parsers.JSONBodyParser"],
     "UNAUTHENTICATED_USER": None,
 }
 
@@ -266,16 +269,16 @@ SPECTACULAR_SETTINGS = {
         }
     },
     "SECURITY": [{"bearer": []}],
-    # Operations grouped by capability (controlplane/api/schema.py), not all under one "v1" group.
+    # Operations grouped by capability (core/api/schema.py), not all under one "v1" group.
     "TAGS": API_TAGS,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "controlplane.api.schema.tag_by_capability",
+        "core.api.schema.tag_by_capability",
     ],
     "ENUM_NAME_OVERRIDES": {
-        "TenantStatusEnum": "controlplane.choices.TenantStatus",
-        "OperationStatusEnum": "controlplane.choices.OperationStatus",
-        "JurisdictionEnum": "controlplane.choices.Jurisdiction",
+        "TenantStatusEnum": "core.choices.TenantStatus",
+        "OperationStatusEnum": "core.choices.OperationStatus",
+        "JurisdictionEnum": "core.choices.Jurisdiction",
         "VersionStatusEnum": "registry.choices.VersionStatus",
         "RegionStatusEnum": "regions.choices.RegionStatus",
         "TargetStatusEnum": "regions.choices.TargetStatus",
@@ -316,9 +319,9 @@ LOG_FORMAT = env_str("LOG_FORMAT", "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "filters": {"request_id": {"()": "controlplane.observability.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "core.observability.RequestIdFilter"}},
     "formatters": {
-        "json": {"()": "controlplane.observability.JsonFormatter"},
+        "json": {"()": "core.observability.JsonFormatter"},
         "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"},
     },
     "handlers": {

@@ -5,13 +5,13 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from controlplane import health
-from controlplane.api.conventions import envelope
+from core.api.conventions import envelope
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", health.metrics, name="metrics"),
-    path("api/v1/", include("controlplane.api.urls")),
+    path("api/v1/", include("core.api.urls")),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("regions.api.urls")),
     path("api/v1/", include("artifacts.api.urls")),
@@ -21,13 +21,13 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("registry/", include("registry.urls")),
+    path("registry/", include("registry.dashboard_urls")),
     path("regions/artifacts/", include("artifacts.dashboard_urls")),
-    path("regions/", include("regions.urls")),
+    path("regions/", include("regions.dashboard_urls")),
     path("deployments/", include("regions.deployment_urls")),
     path("routing/", include("routing.dashboard_urls")),
     path("costs/", include("billing.dashboard_urls")),
-    path("", include("controlplane.dashboard_urls")),
+    path("", include("controlplane.console_urls")),
 ]
 
 

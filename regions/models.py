@@ -4,8 +4,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from controlplane.choices import Jurisdiction
-from controlplane.models import Tenant
+from core.choices import Jurisdiction
+from core.models import Tenant
 from regions.choices import DeploymentState, DriverKind, PlacementMode, Provider, RegionStatus, TargetStatus
 from registry.models import ModelVersion, RegisteredModel
 

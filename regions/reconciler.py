@@ -17,9 +17,9 @@ from django.db import close_old_connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.choices import AuditSource
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource
+from core.principal import Principal
+from core.services.audit import audit_record
 from regions import hooks
 from regions.choices import DeploymentState, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec

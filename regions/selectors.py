@@ -8,11 +8,11 @@ from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
 
-from controlplane.choices import Scope
-from controlplane.errors import Forbidden, NotFound
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.selectors import scoped
+from core.choices import Scope
+from core.errors import Forbidden, NotFound
+from core.models import Tenant
+from core.principal import Principal
+from core.selectors import scoped
 from regions.choices import DeploymentState, TargetStatus
 from regions.models import Deployment, DeploymentTarget, Region
 

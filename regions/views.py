@@ -9,12 +9,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from controlplane import selectors as core_selectors
-from controlplane.choices import Scope
-from controlplane.errors import ApplicationError
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.views import page
+from core import selectors as core_selectors
+from core.choices import Scope
+from core.errors import ApplicationError
+from core.models import Tenant
+from core.principal import Principal
+from core.views import page
 from regions import forms, selectors
 from regions.api.views import manifests_of
 from regions.choices import TargetStatus

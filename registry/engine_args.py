@@ -11,7 +11,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 
 QUANTIZATIONS = (
     "awq",

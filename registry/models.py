@@ -4,7 +4,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 from django.utils import timezone
 
-from controlplane.models import Tenant
+from core.models import Tenant
 from registry.choices import (
     ArtifactFormat,
     DataClassification,

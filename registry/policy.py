@@ -8,7 +8,7 @@ client only posts numbers; pass or fail is decided here, with a reason per rule.
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 
 PERFORMANCE_METRICS = {
     "ttft_p95_ms": "time to first token, 95th percentile, milliseconds",

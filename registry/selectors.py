@@ -9,10 +9,10 @@ from typing import NamedTuple
 
 from django.db.models import Q, QuerySet
 
-from controlplane.choices import Scope
-from controlplane.errors import NotFound
-from controlplane.principal import Principal
-from controlplane.selectors import visible_tenant_ids
+from core.choices import Scope
+from core.errors import NotFound
+from core.principal import Principal
+from core.selectors import visible_tenant_ids
 from registry.choices import (
     SERVABLE_STATES,
     TENANT_DEPLOYABLE_STATES,

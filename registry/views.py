@@ -5,11 +5,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from controlplane import selectors as core_selectors
-from controlplane.choices import Scope
-from controlplane.errors import ApplicationError
-from controlplane.principal import Principal
-from controlplane.views import page
+from core import selectors as core_selectors
+from core.choices import Scope
+from core.errors import ApplicationError
+from core.principal import Principal
+from core.views import page
 from registry import forms, selectors
 from registry.diff import lineage, version_diff
 from registry.engine_args import render_flags

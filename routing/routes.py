@@ -4,7 +4,7 @@ For every tenant and every model name it may call (its deployments' names), the 
 it, in priority tiers and with weights. Residency is a hard filter; everything else is a preference:
 
 - eligible: the deployment is ready in the region, the region is active, residency lets the version be
-  served there to this tenant (``controlplane.residency``; per tenant, also for shared deployments), the
+  served there to this tenant (``core.residency``; per tenant, also for shared deployments), the
   weights are verified there, and the endpoint is healthy;
 - priority: regions ordered by distance from the tenant's home region (nearest first), then by price,
   then by code: a gateway sends to the lowest tier that has an endpoint left, so traffic stays home
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from controlplane.residency import Residency, Weights, residency_refusal
+from core.residency import Residency, Weights, residency_refusal
 from gateway import contract
 
 

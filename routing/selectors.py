@@ -13,11 +13,11 @@ from artifacts.choices import ReplicaState
 from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
 from billing.selectors import over_budget
-from controlplane.choices import AuditSource, Scope, TenantStatus
-from controlplane.models import ApiToken, Tenant
-from controlplane.principal import Principal
-from controlplane.residency import weights_of
-from controlplane.selectors import scoped, visible_tenant_slugs
+from core.choices import AuditSource, Scope, TenantStatus
+from core.models import ApiToken, Tenant
+from core.principal import Principal
+from core.residency import weights_of
+from core.selectors import scoped, visible_tenant_slugs
 from gateway import contract
 from regions.choices import DeploymentState, RegionStatus, TargetStatus
 from regions.models import DeploymentTarget, Region

@@ -11,11 +11,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.choices import AuditSource
-from controlplane.errors import InvalidTransition
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource
+from core.errors import InvalidTransition
+from core.models import Tenant
+from core.principal import Principal
+from core.services.audit import audit_record
 from gateway import contract
 from regions.models import Region
 from routing import selectors

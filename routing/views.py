@@ -3,8 +3,8 @@
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from controlplane.principal import Principal
-from controlplane.views import page
+from core.principal import Principal
+from core.views import page
 from regions import selectors as region_selectors
 from routing import selectors, services
 

@@ -11,8 +11,8 @@ import pytest
 import time_machine
 from rest_framework.test import APIClient
 
-from controlplane.choices import PlatformRole, TenantRole
-from controlplane.models import User
+from core.choices import PlatformRole, TenantRole
+from core.models import User
 from tests.support.factories import MembershipFactory, ServiceAccountFactory, TenantFactory, UserFactory
 from tests.support.principals import World, mint, principal
 from tests.support.processes import child_env

@@ -3,7 +3,7 @@
 from rest_framework import serializers
 
 from artifacts.models import ArtifactReplica
-from controlplane.api.conventions import StrictSerializer
+from core.api.conventions import StrictSerializer
 
 
 class ReplicaSerializer(serializers.ModelSerializer):

@@ -11,9 +11,9 @@ from artifacts import selectors
 from artifacts.api import serializers as s
 from artifacts.models import ArtifactReplica
 from artifacts.services import scheduling
-from controlplane.api.conventions import idempotent
-from controlplane.api.views import ERRORS, PrincipalMixin
-from controlplane.choices import Scope
+from core.api.conventions import idempotent
+from core.api.views import ERRORS, PrincipalMixin
+from core.choices import Scope
 from regions import selectors as region_selectors
 from registry import selectors as registry_selectors
 

@@ -22,7 +22,7 @@ from s3transfer.futures import TransferFuture
 from s3transfer.manager import TransferConfig, TransferManager
 from s3transfer.subscribers import BaseSubscriber
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 from regions.drivers.base import DriverError
 
 CHUNK = 1024 * 1024

@@ -12,9 +12,9 @@ from artifacts.choices import ReplicaState
 from artifacts.drivers.stores import blob_key, store_from_config
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import LEASE, blobs_of
-from controlplane.choices import AuditSource
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource
+from core.principal import Principal
+from core.services.audit import audit_record
 from regions.choices import DeploymentState
 from regions.models import Deployment
 from registry.choices import VersionStatus

@@ -18,8 +18,8 @@ from django.conf import settings
 
 from artifacts.drivers.stores import ObjectStore, blob_key, s3_client
 from artifacts.services.replication import home_store
-from controlplane.choices import AuditSource
-from controlplane.principal import Principal
+from core.choices import AuditSource
+from core.principal import Principal
 from regions.drivers.base import DriverError
 from registry.models import ModelVersion
 from registry.selectors import version_files

@@ -1,6 +1,6 @@
 """Replicating a model version's weights from the home store into a region's store.
 
-Residency fails closed: a region where the version may not be stored (``controlplane.residency``: the
+Residency fails closed: a region where the version may not be stored (``core.residency``: the
 version's allowed jurisdictions and, for a tenant's private version, the owner's residency) gets state
 ``forbidden`` (audited) and not one byte; the periodic pass re-checks every replica, ready ones included, so
 a narrowed policy forbids copies made before (garbage collection then deletes their bytes).
@@ -24,10 +24,10 @@ from artifacts.choices import REPLICA_TRANSITIONS, ReplicaState
 from artifacts.drivers.copier import CopyTuning, copy_blob, verify_blob
 from artifacts.drivers.stores import ObjectStore, store_from_config
 from artifacts.models import ArtifactReplica
-from controlplane.choices import AuditSource
-from controlplane.principal import Principal
-from controlplane.residency import residency_refusal, weights_of
-from controlplane.services.audit import audit_record
+from core.choices import AuditSource
+from core.principal import Principal
+from core.residency import residency_refusal, weights_of
+from core.services.audit import audit_record
 from regions.drivers.base import DriverError
 from regions.models import Region
 from registry.models import ModelVersion

@@ -22,10 +22,10 @@ from artifacts.services.replication import (
     replica_for,
     replica_transition,
 )
-from controlplane.choices import Scope
-from controlplane.errors import Conflict
-from controlplane.principal import Principal
-from controlplane.residency import residency_refusal, weights_of
+from core.choices import Scope
+from core.errors import Conflict
+from core.principal import Principal
+from core.residency import residency_refusal, weights_of
 from regions.hooks import WeightsWait
 from regions.models import DeploymentTarget, Region
 from registry.choices import VersionStatus

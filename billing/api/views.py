@@ -16,8 +16,8 @@ from rest_framework.response import Response
 from billing import reports, selectors, services
 from billing.api.serializers import PriceInputSerializer, PriceSerializer, UsageSerializer
 from billing.crosscheck import crosscheck
-from controlplane.api.views import ERRORS, PrincipalMixin
-from controlplane.errors import ValidationFailed
+from core.api.views import ERRORS, PrincipalMixin
+from core.errors import ValidationFailed
 from regions import selectors as region_selectors
 
 USAGE_LIST_LIMIT = 100

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.api.conventions import StrictSerializer
+from core.api.conventions import StrictSerializer
 from regions.drivers.factory import engine_of
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool, Region
 from regions.selectors import gpus_in_use

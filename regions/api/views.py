@@ -8,11 +8,11 @@ from rest_framework.exceptions import ValidationError as DRFValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane import selectors as core_selectors
-from controlplane.api.conventions import idempotent
-from controlplane.api.views import ERRORS, PrincipalMixin
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, ValidationFailed
+from core import selectors as core_selectors
+from core.api.conventions import idempotent
+from core.api.views import ERRORS, PrincipalMixin
+from core.choices import Scope
+from core.errors import Conflict, ValidationFailed
 from regions import selectors
 from regions.api import serializers as s
 from regions.drivers.base import DriverError

@@ -16,7 +16,7 @@ import urllib3
 import yaml
 from kubernetes import client, config
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
 from registry.engine_args import render_flags
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 from regions import hooks
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
 from registry.engine_args import render_flags, vllm_available

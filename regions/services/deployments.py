@@ -7,12 +7,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
-from controlplane.services.validation import full_clean
+from core.choices import Scope
+from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
+from core.models import Tenant
+from core.principal import Principal
+from core.services.audit import audit_record
+from core.services.validation import full_clean
 from regions.choices import DeploymentState, PlacementMode, TargetStatus
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
 from regions.services import placement

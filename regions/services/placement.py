@@ -1,16 +1,16 @@
 """Admission: which regions a deployment may go to, and why the others are excluded.
 
 A region qualifies when it is active, residency allows the version to be served there to the tenant
-(``controlplane.residency``), and its GPU pool has room. Residency is never traded for
+(``core.residency``), and its GPU pool has room. Residency is never traded for
 capacity: a deployment with no compliant region is refused, not placed elsewhere.
 """
 
 from dataclasses import dataclass, field
 
-from controlplane.errors import Conflict
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.residency import residency_of, residency_refusal, weights_of
+from core.errors import Conflict
+from core.models import Tenant
+from core.principal import Principal
+from core.residency import residency_of, residency_refusal, weights_of
 from regions.choices import RegionStatus
 from regions.models import Deployment, Region
 from regions.selectors import gpus_in_use, tenant_gpus_in_use

@@ -4,11 +4,11 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record, snapshot
-from controlplane.services.validation import full_clean
+from core.choices import Scope
+from core.errors import Conflict, ValidationFailed
+from core.principal import Principal
+from core.services.audit import audit_record, snapshot
+from core.services.validation import full_clean
 from regions.choices import Certification, DeploymentState, RegionStatus
 from regions.drivers.factory import validate_driver_config
 from regions.models import DeploymentEvent, GpuPool, Region

@@ -4,8 +4,8 @@ from typing import Any
 
 from rest_framework import serializers
 
-from controlplane.api.conventions import StrictSerializer
-from controlplane.choices import Jurisdiction
+from core.api.conventions import StrictSerializer
+from core.choices import Jurisdiction
 from registry.choices import ArtifactFormat, DataClassification, ModelTask, VersionStatus, Visibility
 from registry.models import (
     AliasMove,

@@ -10,11 +10,11 @@ from rest_framework import generics
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane import selectors as core_selectors
-from controlplane.api.conventions import etag, expected_revision, idempotent
-from controlplane.api.parsers import utc_instant
-from controlplane.api.views import ERRORS, PrincipalMixin
-from controlplane.errors import ValidationFailed
+from core import selectors as core_selectors
+from core.api.conventions import etag, expected_revision, idempotent
+from core.api.parsers import utc_instant
+from core.api.views import ERRORS, PrincipalMixin
+from core.errors import ValidationFailed
 from registry import selectors
 from registry.api import serializers as s
 from registry.diff import lineage, version_diff

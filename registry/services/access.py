@@ -1,8 +1,8 @@
 """Who may change a model: its owner tenant's members by role, or the platform."""
 
-from controlplane.choices import Scope, TenantRole
-from controlplane.errors import Forbidden
-from controlplane.principal import Principal
+from core.choices import Scope, TenantRole
+from core.errors import Forbidden
+from core.principal import Principal
 from registry.models import RegisteredModel
 
 

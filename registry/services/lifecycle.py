@@ -6,11 +6,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, InvalidTransition, ValidationFailed
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
-from controlplane.services.validation import full_clean
+from core.choices import Scope
+from core.errors import Conflict, InvalidTransition, ValidationFailed
+from core.principal import Principal
+from core.services.audit import audit_record
+from core.services.validation import full_clean
 from registry import selectors
 from registry.choices import (
     ALIASABLE_STATES,

@@ -4,13 +4,13 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.models import Tenant
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record, snapshot
-from controlplane.services.revisions import reject_unknown, revised_update
-from controlplane.services.validation import full_clean
+from core.choices import Scope
+from core.errors import Conflict, ValidationFailed
+from core.models import Tenant
+from core.principal import Principal
+from core.services.audit import audit_record, snapshot
+from core.services.revisions import reject_unknown, revised_update
+from core.services.validation import full_clean
 from registry.choices import Visibility
 from registry.models import RegisteredModel
 from registry.policy import parse_policy

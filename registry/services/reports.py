@@ -5,10 +5,10 @@ from typing import Any
 
 from django.db import transaction
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record
+from core.choices import Scope
+from core.errors import Conflict, ValidationFailed
+from core.principal import Principal
+from core.services.audit import audit_record
 from registry import selectors
 from registry.choices import ReportOutcome, VersionStatus
 from registry.models import ModelVersion, ValidationReport

@@ -6,11 +6,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from controlplane.choices import Scope
-from controlplane.errors import Conflict, ValidationFailed
-from controlplane.principal import Principal
-from controlplane.services.audit import audit_record, snapshot
-from controlplane.services.validation import full_clean, jurisdiction_codes
+from core.choices import Scope
+from core.errors import Conflict, ValidationFailed
+from core.principal import Principal
+from core.services.audit import audit_record, snapshot
+from core.services.validation import full_clean, jurisdiction_codes
 from registry.choices import FINAL_STATES, VersionStatus
 from registry.engine_args import DTYPES, QUANTIZATIONS, validate_engine_args
 from registry.models import SHA256, ModelVersion, RegisteredModel

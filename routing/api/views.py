@@ -9,9 +9,9 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from controlplane.api.views import ERRORS, PrincipalMixin
-from controlplane.choices import Scope
-from controlplane.errors import ValidationFailed
+from core.api.views import ERRORS, PrincipalMixin
+from core.choices import Scope
+from core.errors import ValidationFailed
 from gateway import contract
 from regions.models import Region
 from routing import exports, selectors, services

@@ -18,7 +18,7 @@ from artifacts.drivers.stores import LocalStore, S3Store, blob_key, s3_client, s
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import replica_for, replicate
 from artifacts.tasks import resume_replication
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.drivers.base import DriverError
 from tests.support.principals import principal
 from tests.support.processes import child_env, wait_for

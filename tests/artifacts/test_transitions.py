@@ -5,7 +5,7 @@ import pytest
 from artifacts.choices import REPLICA_TRANSITIONS, ReplicaState
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import Audited, replica_for, replica_transition
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from tests.support.principals import principal
 from tests.support.registry import register
 

@@ -14,7 +14,7 @@ import time_machine
 from billing import reports
 from billing.models import BudgetAlert, CapacitySegment, GpuPrice, UsageRecord
 from billing.services import evaluate_budgets
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.services.deployments import deployment_create, deployment_delete, deployment_scale
 from routing import services as routing
 from tests.support.billing import HISTORY, gpu_history, hourly_usage

@@ -21,7 +21,7 @@ from django.db import connections, transaction
 from billing import hooks, services, tasks
 from billing.models import BudgetAlert, CapacitySegment, GpuPrice
 from billing.services import evaluate_budgets
-from controlplane.models import AuditEvent, Tenant
+from core.models import AuditEvent, Tenant
 from regions.services.deployments import deployment_create
 from routing.services import current
 from tests.support.principals import World, principal

@@ -7,7 +7,7 @@ import yaml
 from django.core.cache import cache
 from openapi_spec_validator import validate
 
-from controlplane.models import AuditEvent, IdempotencyRecord, Tenant
+from core.models import AuditEvent, IdempotencyRecord, Tenant
 from tests.support.envelope import assert_envelope
 
 NEW_TENANT = {"slug": "initech", "name": "Initech", "residency": ["UK"]}
@@ -181,7 +181,7 @@ def test_interactive_docs_are_served_locally(world, client):
 
 
 def test_error_envelope_is_json_for_unexpected_server_errors(world, client, settings, monkeypatch):
-    from controlplane.api import views
+    from core.api import views
 
     def boom(*args, **kwargs):
         raise RuntimeError("kaboom")

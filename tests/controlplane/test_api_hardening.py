@@ -2,7 +2,7 @@
 
 import pytest
 
-from controlplane.choices import READ_SCOPES
+from core.choices import READ_SCOPES
 from tests.support.envelope import assert_envelope
 from tests.support.principals import principal
 from tests.support.registry import POLICY, register, version_payload
@@ -171,7 +171,7 @@ def test_a_nul_in_the_path_or_query_is_400(world, api, path):
     ],
 )
 def test_a_nul_in_a_console_form_is_refused_with_a_message(world, client, path, data):
-    from controlplane.models import AuditEvent
+    from core.models import AuditEvent
 
     client.force_login(world.admin)
     before = AuditEvent.objects.count()

@@ -2,7 +2,7 @@
 
 from drf_spectacular.generators import SchemaGenerator
 
-from controlplane.api.schema import CAPABILITIES
+from core.api.schema import CAPABILITIES
 
 METHODS = {"get", "put", "patch", "post", "delete", "head", "options", "trace"}
 

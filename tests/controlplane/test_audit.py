@@ -11,13 +11,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from controlplane.models import AuditChainHead, AuditEvent
-from controlplane.services import audit
-from controlplane.services.audit import audit_record, event_hash, verify_chain
-from controlplane.services.audit_checkpoints import LOG_NAME, checkpoint_head
-from controlplane.services.audit_verification import verify_audit
-from controlplane.services.operations import operation_run, operation_start
-from controlplane.tasks import checkpoint_audit_chain
+from core.models import AuditChainHead, AuditEvent
+from core.services import audit
+from core.services.audit import audit_record, event_hash, verify_chain
+from core.services.audit_checkpoints import LOG_NAME, checkpoint_head
+from core.services.audit_verification import verify_audit
+from core.services.operations import operation_run, operation_start
+from core.tasks import checkpoint_audit_chain
 from tests.support.principals import principal, system
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -263,7 +263,7 @@ def test_periodic_checkpoint_anchors_the_head_once(db, settings):
     assert checkpoint_audit_chain() == 3  # the beat task
     assert [line["seq"] for line in checkpoint_lines(settings)] == [2, 3]
     assert stat.S_IMODE(Path(settings.AUDIT_CHECKPOINT_KEY_FILE).stat().st_mode) == 0o600
-    assert "controlplane.tasks.checkpoint_audit_chain" in {
+    assert "core.tasks.checkpoint_audit_chain" in {
         entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()
     }
 

@@ -10,8 +10,8 @@ import pytest
 import requests
 from django.core.management import CommandError, call_command
 
-from controlplane.models import AuditEvent, Membership, Tenant, User
-from controlplane.services.tokens import token_authenticate
+from core.models import AuditEvent, Membership, Tenant, User
+from core.services.tokens import token_authenticate
 from tests.support.processes import child_env, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

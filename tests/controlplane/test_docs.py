@@ -5,7 +5,7 @@ import ast
 import re
 from pathlib import Path
 
-from controlplane.api.conventions import DRF_CODES
+from core.api.conventions import DRF_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 # The gateway has its own docs.
@@ -32,7 +32,7 @@ def raised_codes() -> dict[str, str]:
                     if isinstance(value, ast.Constant) and isinstance(value.value, str):
                         found.setdefault(value.value, f"{path.relative_to(ROOT)}:{node.lineno}")
     for code in DRF_CODES.values():
-        found.setdefault(code, "controlplane/api/conventions.py (DRF_CODES)")
+        found.setdefault(code, "core/api/conventions.py (DRF_CODES)")
     return found
 
 
@@ -71,9 +71,9 @@ def test_nothing_in_the_repository_points_at_files_outside_it() -> None:
 def test_audit_docs_name_the_right_migration_and_the_restore_procedure() -> None:
     """Format 1 is what events written before 0008 (hash_version) carry; and a restore from backup, which
     verification reports as "events were removed", has a documented procedure."""
-    audit = (ROOT / "controlplane/services/audit.py").read_text()
+    audit = (ROOT / "core/services/audit.py").read_text()
     line = next(ln for ln in audit.splitlines() if "1: _FORMAT_1" in ln)
-    assert "0008" in line and (ROOT / "controlplane/migrations/0008_auditevent_hash_version.py").exists()
+    assert "0008" in line and (ROOT / "core/migrations/0008_auditevent_hash_version.py").exists()
     doc = (ROOT / "docs/audit.md").read_text()
     section = doc[doc.index("### Restoring from a backup") :]
     assert "events were removed" in section and "new checkpoint directory" in section

@@ -3,8 +3,8 @@ replay passes the same permission checks as the original request."""
 
 import json
 
-from controlplane.choices import TenantRole
-from controlplane.models import IdempotencyRecord, Membership
+from core.choices import TenantRole
+from core.models import IdempotencyRecord, Membership
 from tests.support.principals import mint
 
 NEW_TOKEN = {"name": "ci", "scopes": ["registry:read"]}

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.choices import InvitationStatus, TenantRole
-from controlplane.models import AuditEvent, Invitation, Membership, User
-from controlplane.services.tenants import invitation_accept, invitation_create, invitations_expire
+from core.choices import InvitationStatus, TenantRole
+from core.models import AuditEvent, Invitation, Membership, User
+from core.services.tenants import invitation_accept, invitation_create, invitations_expire
 from tests.support.principals import principal
 
 
@@ -145,7 +145,7 @@ def test_an_invitation_expires(world):
         actor=principal(world.alice), tenant=world.tenant_a, user=world.bob, role="viewer", now=now
     )
     later = invitation.expires_at + timedelta(seconds=1)
-    from controlplane.errors import Conflict
+    from core.errors import Conflict
 
     with pytest.raises(Conflict, match="expired"):
         invitation_accept(actor=principal(world.bob), invitation=invitation, now=later)
@@ -192,7 +192,7 @@ def test_console_invitation_of_someone_else_is_not_found(world, client):
 
 def test_one_service_decides_add_or_invite(world, client):
     """The console's add-member form and the API share one rule (services.tenants), not two copies."""
-    from controlplane.services.tenants import membership_add_or_invite
+    from core.services.tenants import membership_add_or_invite
 
     invited = membership_add_or_invite(
         actor=principal(world.alice), tenant=world.tenant_a, user=world.bob, role="viewer"

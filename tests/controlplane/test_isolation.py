@@ -6,9 +6,9 @@ but may not change answer 403. Lists and creates are tested too, since DRF skips
 
 import pytest
 
-from controlplane.models import ApiToken, AuditEvent, Membership, ServiceAccount, Tenant
-from controlplane.services.audit import audit_record
-from controlplane.services.tokens import token_create
+from core.models import ApiToken, AuditEvent, Membership, ServiceAccount, Tenant
+from core.services.audit import audit_record
+from core.services.tokens import token_create
 from tests.support.principals import mint, principal, system
 
 
@@ -19,7 +19,7 @@ def b_objects(world):
         actor=principal(world.bob), name="b-ci", scopes=["registry:read"], service_account=world.robot_b
     )
     token = ApiToken.objects.get(name="b-ci")
-    from controlplane.services.operations import operation_start
+    from core.services.operations import operation_start
 
     operation = operation_start(actor=principal(world.bob), kind="audit.verify", tenant=world.tenant_b)
     return {"token": token, "operation": operation}

@@ -3,7 +3,7 @@
 import json
 import logging
 
-from controlplane.observability import JsonFormatter, RequestIdFilter, request_id_var
+from core.observability import JsonFormatter, RequestIdFilter, request_id_var
 
 
 def test_healthz_is_always_ok(client, db):

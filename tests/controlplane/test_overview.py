@@ -9,11 +9,11 @@ from django.core.management import call_command
 
 from billing.models import UsageRecord
 from billing.selectors import spend_to_date, usage_rates
-from controlplane import views
-from controlplane.choices import Scope
-from controlplane.models import ApiToken, AuditEvent, User
-from controlplane.selectors import tokens_active, tokens_for
-from controlplane.services.tokens import may_manage_token, token_create, token_revoke
+from controlplane import overview
+from core.choices import Scope
+from core.models import ApiToken, AuditEvent, User
+from core.selectors import tokens_active, tokens_for
+from core.services.tokens import may_manage_token, token_create, token_revoke
 from regions.choices import TargetStatus
 from regions.models import Deployment, Region
 from regions.selectors import deployment_states, fleet_capacity
@@ -125,7 +125,7 @@ def test_active_tokens_counts_the_tokens_an_operator_manages(client, world, monk
 
     assert tokens_active(principal(world.operator), now=NOW).count() == 3
     assert tokens_active(principal(world.alice), now=NOW).count() == 1  # robot_a's live one
-    monkeypatch.setattr(views, "clock", lambda: NOW)
+    monkeypatch.setattr(overview, "clock", lambda: NOW)
     client.force_login(world.operator)
     html = client.get("/").content.decode()
     active = html.split('data-stat="active-tokens"><span class="num">', 1)[1]

@@ -5,10 +5,10 @@ import importlib
 import pytest
 from django.apps import apps
 
-from controlplane.choices import Scope, TenantRole
-from controlplane.errors import ValidationFailed
-from controlplane.models import ApiToken
-from controlplane.services.tokens import token_create, token_digest
+from core.choices import Scope, TenantRole
+from core.errors import ValidationFailed
+from core.models import ApiToken
+from core.services.tokens import token_create, token_digest
 from gateway.config import RouteCache, Settings
 from routing import selectors as routing
 from tests.support.factories import MembershipFactory
@@ -89,7 +89,7 @@ def test_robot_tokens_are_bound_to_the_robots_tenant(world):
 
 
 def test_the_migration_binds_unambiguous_tokens_and_leaves_the_others(world):
-    migration = importlib.import_module("controlplane.migrations.0007_bind_existing_tokens")
+    migration = importlib.import_module("core.migrations.0007_bind_existing_tokens")
     MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.DEVELOPER)
     alice, _ = token_create(actor=principal(world.alice), name="a", scopes=["tenants:read"])
     bob, _ = token_create(
@@ -169,8 +169,8 @@ def test_a_personal_token_is_bound_only_to_a_tenant_its_owner_belongs_to(world):
 def test_a_bound_tokens_own_things_are_those_of_its_tenant(world, api):
     """A token bound to globex lists and revokes only bob's globex tokens, and reads only the operations
     bob started in globex, not those he started in acme."""
-    from controlplane.services.operations import operation_start
-    from controlplane.services.tokens import may_manage_token
+    from core.services.operations import operation_start
+    from core.services.tokens import may_manage_token
 
     MembershipFactory(user=world.bob, tenant=world.tenant_a, role=TenantRole.VIEWER)
     in_a, _ = token_create(
@@ -190,8 +190,8 @@ def test_a_bound_tokens_own_things_are_those_of_its_tenant(world, api):
 
 
 def _bound(token, user):
-    from controlplane.choices import AuditSource
-    from controlplane.principal import Principal
+    from core.choices import AuditSource
+    from core.principal import Principal
 
     return Principal.for_user(user, source=AuditSource.API, token=token)
 

@@ -6,8 +6,8 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from controlplane.models import ApiToken, AuditEvent
-from controlplane.services.tokens import token_digest
+from core.models import ApiToken, AuditEvent
+from core.services.tokens import token_digest
 from tests.support.principals import mint
 
 

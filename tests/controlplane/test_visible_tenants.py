@@ -7,10 +7,10 @@ import io
 import pytest
 from django.core.management import call_command
 
-from controlplane import selectors
-from controlplane.choices import ALL_SCOPES, Scope
-from controlplane.models import ServiceAccount
-from controlplane.services.tokens import token_create
+from core import selectors
+from core.choices import ALL_SCOPES, Scope
+from core.models import ServiceAccount
+from core.services.tokens import token_create
 from tests.support.principals import principal, system
 
 
@@ -58,7 +58,7 @@ def test_one_answer_to_which_tenants_a_caller_sees(world, scope):
     """tenants_for, per scope, is exactly the rows visible_tenant_ids names, for every kind of caller."""
     robot = ServiceAccount.objects.get(tenant=world.tenant_a, name="ci")
     token, _ = token_create(actor=system(), name="r", scopes=["registry:read"], service_account=robot)
-    from controlplane.api.authentication import principal_for_token
+    from core.api.authentication import principal_for_token
 
     callers = [principal(u) for u in (world.alice, world.dave, world.vera, world.bob, world.admin)]
     callers += [principal(world.operator), principal(world.auditor), principal_for_token(token, "api")]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from controlplane.models import AuditEvent, Operation
+from core.models import AuditEvent, Operation
 from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ def test_audit_verification_runs_in_the_worker_and_carries_the_request_id(world,
 
 
 def test_redelivered_operation_runs_once(world, api, celery_worker):
-    from controlplane.tasks import run_operation
+    from core.tasks import run_operation
 
     operation_id = api(world.auditor).post("/api/v1/audit-events/verify/").json()["id"]
     wait_for(lambda: Operation.objects.get(pk=operation_id).status == "succeeded", timeout=60)

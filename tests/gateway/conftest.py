@@ -2,8 +2,8 @@
 
 import pytest
 
-from controlplane.choices import Scope
-from controlplane.services.tokens import token_create
+from core.choices import Scope
+from core.services.tokens import token_create
 from routing import health
 from tests.support.gateway import Gateway, chat_in_two_eu_regions, gateway_secret
 from tests.support.principals import principal

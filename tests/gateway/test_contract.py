@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from controlplane.choices import AuditSource, Scope
-from controlplane.principal import Principal
-from controlplane.services.tokens import token_create
+from core.choices import AuditSource, Scope
+from core.principal import Principal
+from core.services.tokens import token_create
 from gateway import contract
 from gateway.app import Gateway, Reply
 from gateway.config import Settings

@@ -187,8 +187,8 @@ def test_a_spent_budget_with_a_hard_limit_stops_new_requests_at_the_gateway(worl
 
 
 def test_a_revoked_token_is_refused_once_the_table_moves_on(world, fleet):
-    from controlplane.models import ApiToken
-    from controlplane.services.tokens import token_digest, token_revoke
+    from core.models import ApiToken
+    from core.services.tokens import token_digest, token_revoke
 
     alice = fleet["tokens"]["alice"]
     assert chat(fleet["gateway"], alice).status_code == 200

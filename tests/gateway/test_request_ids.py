@@ -7,8 +7,8 @@ from hypothesis import strategies as st
 
 from billing.models import UsageRecord
 from billing.services import usage_ingest
-from controlplane.models import Tenant
-from controlplane.principal import Principal
+from core.models import Tenant
+from core.principal import Principal
 from tests.support.gateway_harness import GatewayWorld
 
 

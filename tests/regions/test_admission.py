@@ -2,8 +2,8 @@
 
 import pytest
 
-from controlplane.errors import Conflict
-from controlplane.models import AuditEvent
+from core.errors import Conflict
+from core.models import AuditEvent
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create
 from regions.services.regions import region_set_status
@@ -92,7 +92,7 @@ def test_draining_region_takes_no_new_placements(world, setup):
 def test_tenant_cannot_deploy_another_tenants_private_model(world, make_region, tiny_model_dir):
     make_region("us-east-1", "US")
     theirs = tiny_version(principal(world.bob), tiny_model_dir, owner=world.tenant_b)
-    from controlplane.errors import NotFound
+    from core.errors import NotFound
 
     with pytest.raises(NotFound):
         create(world, theirs)

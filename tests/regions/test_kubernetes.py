@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.drivers.base import WorkloadSpec
 from regions.drivers.kubernetes import KubernetesConfig, render_manifests
 from regions.models import DeploymentTarget

@@ -3,7 +3,7 @@ answers, and offers exactly the versions the caller may deploy."""
 
 import pytest
 
-from controlplane.errors import Conflict
+from core.errors import Conflict
 from regions.services.deployments import deployment_create
 from registry.selectors import deployable_versions
 from tests.support.principals import principal

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.models import DeploymentEvent, DeploymentTarget
 from regions.reconciler import reconcile_region, reconcile_target
 from regions.services.deployments import deployment_create, deployment_delete, deployment_scale

@@ -11,7 +11,7 @@ from artifacts.services.garbage import collect_garbage
 from artifacts.services.replication import replica_for, replicate
 from artifacts.services.scheduling import replica_request
 from artifacts.tasks import resume_replication
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.models import Region
 from registry.services.lifecycle import version_transition
 from registry.services.reports import report_submit

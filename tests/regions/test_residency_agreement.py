@@ -25,9 +25,9 @@ from artifacts.services.replication import replica_for, replicate
 from artifacts.services.scheduling import replicate_ahead_when_staged
 from artifacts.tasks import resume_replication
 from billing.services import usage_ingest
-from controlplane.models import AuditEvent, Tenant
-from controlplane.principal import Principal
-from controlplane.residency import Residency, Weights, residency_of, residency_refusal, weights_of
+from core.models import AuditEvent, Tenant
+from core.principal import Principal
+from core.residency import Residency, Weights, residency_of, residency_refusal, weights_of
 from regions.choices import TargetStatus
 from regions.models import Deployment, DeploymentTarget, GpuPool, Region
 from regions.services.placement import region_choices

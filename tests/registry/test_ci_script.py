@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.services.tenants import service_account_create
-from controlplane.services.tokens import token_create
+from core.services.tenants import service_account_create
+from core.services.tokens import token_create
 from registry.models import ModelVersion, RegisteredModel
 from tests.support.factories import TenantFactory
 from tests.support.principals import principal

@@ -7,8 +7,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from controlplane.errors import Conflict, Forbidden, InvalidTransition, ValidationFailed
-from controlplane.models import AuditEvent
+from core.errors import Conflict, Forbidden, InvalidTransition, ValidationFailed
+from core.models import AuditEvent
 from registry import selectors
 from registry.choices import VERSION_TRANSITIONS, VersionStatus
 from registry.models import AliasMove, ModelVersion, VersionTransition

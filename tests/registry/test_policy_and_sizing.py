@@ -2,7 +2,7 @@
 
 import pytest
 
-from controlplane.errors import ValidationFailed
+from core.errors import ValidationFailed
 from registry.engine_args import render_flags, validate_engine_args, vllm_available
 from registry.policy import evaluate, parse_policy
 from registry.services.reports import report_submit

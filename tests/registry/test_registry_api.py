@@ -2,7 +2,7 @@
 
 import pytest
 
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from registry.models import ModelVersion
 from tests.support.registry import GOOD_METRICS, POLICY, version_payload
 
@@ -12,7 +12,7 @@ BASE = "/api/v1/models/acme/llama-3-8b"
 @pytest.fixture
 def ci(world, api, chat_model):
     """The tenant's CI robot (developer role) with the registry scopes."""
-    from controlplane.services.tokens import token_create
+    from core.services.tokens import token_create
     from tests.support.principals import principal
 
     _, secret = token_create(

@@ -4,7 +4,7 @@ nothing."""
 
 import pytest
 
-from controlplane.errors import InvalidTransition
+from core.errors import InvalidTransition
 from regions.models import Region
 from routing import services
 from routing.choices import Health, RoutingEventKind

@@ -18,8 +18,8 @@ import requests
 
 from billing.crosscheck import crosscheck
 from billing.models import UsageRecord
-from controlplane.choices import Scope
-from controlplane.services.tokens import token_create
+from core.choices import Scope
+from core.services.tokens import token_create
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available

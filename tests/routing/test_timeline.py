@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from controlplane.models import AuditEvent
+from core.models import AuditEvent
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from routing import health, selectors, services

@@ -2,8 +2,8 @@
 
 import factory
 
-from controlplane.choices import TenantRole
-from controlplane.models import Membership, ServiceAccount, Tenant, User
+from core.choices import TenantRole
+from core.models import Membership, ServiceAccount, Tenant, User
 
 PASSWORD = "correct-horse-battery-9"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import requests
 
-from controlplane.choices import PlatformRole, Scope
-from controlplane.services.tenants import service_account_create
-from controlplane.services.tokens import token_create
+from core.choices import PlatformRole, Scope
+from core.services.tenants import service_account_create
+from core.services.tokens import token_create
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from tests.support.principals import principal

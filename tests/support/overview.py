@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from billing.models import BudgetAlert, CapacitySegment, GpuPrice, UsageRecord
-from controlplane import views
+from core import views
 from regions.choices import TargetStatus
 from regions.models import Deployment, Region
 from regions.services.deployments import deployment_create

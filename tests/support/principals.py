@@ -2,10 +2,10 @@
 
 from dataclasses import dataclass
 
-from controlplane.choices import ALL_SCOPES, AuditSource
-from controlplane.models import ServiceAccount, Tenant, User
-from controlplane.principal import Principal
-from controlplane.services.tokens import token_create
+from core.choices import ALL_SCOPES, AuditSource
+from core.models import ServiceAccount, Tenant, User
+from core.principal import Principal
+from core.services.tokens import token_create
 
 
 @dataclass

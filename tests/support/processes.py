@@ -19,7 +19,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
     from django.conf import settings
 
-    from controlplane.services.audit_checkpoints import checkpoint_key
+    from core.services.audit_checkpoints import checkpoint_key
 
     checkpoint_key()  # created here: a child given a key file never generates one itself
     audit = {

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controlplane.principal import Principal
+from core.principal import Principal
 from regions.drivers.factory import driver_for
 from regions.engines.tiny_model import write_tiny_model
 from regions.models import Deployment, DeploymentTarget, Region

@@ -3,7 +3,7 @@
 import hashlib
 from typing import Any
 
-from controlplane.principal import Principal
+from core.principal import Principal
 from registry.models import ModelVersion, RegisteredModel
 from registry.services.lifecycle import version_transition
 from registry.services.reports import report_submit

@@ -13,12 +13,12 @@ from django.utils import timezone
 
 from billing.models import GpuPrice
 from billing.services import price_set, usage_ingest
-from controlplane.choices import AuditSource, PlatformRole, Scope, TenantRole
-from controlplane.models import ServiceAccount, Tenant, User
-from controlplane.principal import Principal
-from controlplane.services.tenants import membership_set, service_account_create, tenant_create
-from controlplane.services.tokens import TokenRejected, token_authenticate, token_create
-from controlplane.services.users import user_create
+from core.choices import AuditSource, PlatformRole, Scope, TenantRole
+from core.models import ServiceAccount, Tenant, User
+from core.principal import Principal
+from core.services.tenants import membership_set, service_account_create, tenant_create
+from core.services.tokens import TokenRejected, token_authenticate, token_create
+from core.services.users import user_create
 from regions.choices import DeploymentState
 from regions.engines.tiny_model import write_tiny_model
 from regions.models import Deployment, Region

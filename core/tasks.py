@@ -1,0 +1,41 @@
+"""Celery entry points of the platform core: take ids, call one service, return."""
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.utils import timezone
+
+from core.models import IdempotencyRecord
+from core.services.audit_checkpoints import checkpoint_head
+from core.services.operations import operation_dispatcher, operation_run
+from core.services.tenants import invitations_expire
+
+
+@shared_task(name="core.tasks.run_operation")
+def run_operation(operation_id: str) -> None:
+    operation_run(operation_id)
+
+
+@operation_dispatcher
+def _enqueue_operation(operation_id: str) -> None:
+    run_operation.delay(operation_id)
+
+
+@shared_task(name="core.tasks.prune_idempotency_records")
+def prune_idempotency_records() -> int:
+    cutoff = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
+    deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
+    return deleted
+
+
+@shared_task(name="core.tasks.checkpoint_audit_chain")
+def checkpoint_audit_chain() -> int | None:
+    """Anchor the audit chain head outside the database (docs/audit.md); the seq checkpointed, if any."""
+    checkpoint = checkpoint_head(now=timezone.now())
+    return checkpoint.seq if checkpoint else None
+
+
+@shared_task(name="core.tasks.expire_invitations")
+def expire_invitations() -> int:
+    return invitations_expire(now=timezone.now())
