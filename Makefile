@@ -12,10 +12,11 @@ test-fast:  ## the suite without tests that start processes or a browser
 test-unit:  ## in seconds: the tests that need no database, server, process or browser
 	scripts/test -m unit
 
-lint:  ## ruff, mypy over every package, deptry (every import declared for a plain install)
+lint:  ## ruff, mypy, import contracts and circles (scripts/structure), deptry
 	scripts/bootstrap test,dev
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . \
 	  && .venv/bin/mypy controlplane core registry regions artifacts billing routing gateway \
+	  && .venv/bin/lint-imports && .venv/bin/python scripts/structure --check \
 	  && .venv/bin/deptry .
 
 smoke:  ## the README's quick start on a fresh clone of HEAD: dashboard and gateway answer, Ctrl-C stops all
