@@ -18,6 +18,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from controlplane.management.commands.seed_demo import DEMO_PASSWORD, USERS
+from regions.choices import DriverKind
+from regions.drivers.factory import default_state_dir, driver_for, engine_of
+from regions.models import Region
 
 # A warnings filter (action:message-prefix) for Celery's "superuser privileges" SecurityWarning.
 ROOT_WORKER_WARNING = "ignore:You're running the worker with superuser privileges"
@@ -146,10 +149,6 @@ class Command(BaseCommand):
     def _stop_local_engines(self) -> int:
         """Engines of the local process regions outlive workers by design (like pods outlive a controller);
         when the whole local control plane stops, they stop too instead of holding gigabytes of memory."""
-        from regions.choices import DriverKind
-        from regions.drivers.factory import default_state_dir, driver_for
-        from regions.models import Region
-
         count = 0
         for region in Region.objects.filter(driver=DriverKind.PROCESS):
             root = Path(region.driver_config.get("state_dir") or default_state_dir(region.code))
@@ -159,9 +158,6 @@ class Command(BaseCommand):
         return count
 
     def _banner(self, bind: str, gateway_port: int) -> None:
-        from regions.drivers.factory import engine_of
-        from regions.models import Region
-
         users = ", ".join(name for name, *_ in USERS)
         engines = ", ".join(f"{r.code}: {engine_of(r)}" for r in Region.objects.order_by("code")) or "none"
         self.stdout.write(
