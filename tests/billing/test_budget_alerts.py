@@ -23,7 +23,7 @@ from billing.models import BudgetAlert, CapacitySegment, GpuPrice
 from billing.services import evaluate_budgets
 from core.models import AuditEvent, Tenant
 from regions.services.deployments import deployment_create
-from routing.services import current
+from routing.selectors import current
 from tests.support.principals import World, principal
 from tests.support.regions import tiny_version
 

@@ -2,9 +2,9 @@
 and the engine's workload names exactly those files, whatever the manifest declares."""
 
 import pytest
-from regions.artifacts.ingest import _files
-from regions.artifacts.replication import blobs_of
 
+from artifacts.services.ingest import _files
+from artifacts.services.replication import blobs_of
 from regions.workloads import model_files
 from registry.models import ModelVersion
 from registry.selectors import VersionFile, version_files

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from billing.models import BudgetAlert, CapacitySegment, GpuPrice, UsageRecord
-from core import views
+from controlplane import overview
 from regions.choices import TargetStatus
 from regions.models import Deployment, Region
 from regions.services.deployments import deployment_create
@@ -68,7 +68,7 @@ def _capacity(deployment: Deployment, region: Region, since: datetime, price: st
 
 @pytest.fixture
 def fleet(world: World, make_region, tiny_model_dir, monkeypatch) -> Fleet:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(views, "clock", lambda: NOW)
+    monkeypatch.setattr(overview, "clock", lambda: NOW)
     eu, us = make_region("eu-west-1", "EU"), make_region("us-east-1", "US")
     version = tiny_version(principal(world.operator), tiny_model_dir)
     chat = deployment_create(
