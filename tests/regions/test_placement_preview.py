@@ -33,13 +33,8 @@ def test_the_console_shows_the_apis_preview(world, version, api, client, replica
 def test_the_form_offers_the_versions_the_service_admits(world, make_region, tiny_model_dir):
     make_region("eu-west-1", "EU")
     staged = tiny_version(principal(world.operator), tiny_model_dir, status="staged")
-    assert list(deployable_versions(principal(world.alice))) == []
+    alice = principal(world.alice)
+    assert list(deployable_versions(alice)) == []
     assert list(deployable_versions(principal(world.operator))) == [staged]
     with pytest.raises(Conflict, match="deployable versions are canary, production"):
-        deployment_create(
-            actor=principal(world.alice),
-            owner=world.tenant_a,
-            name="chat",
-            model=staged.model,
-            version="1.0.0",
-        )
+        deployment_create(actor=alice, owner=world.tenant_a, name="chat", model=staged.model, version="1.0.0")
