@@ -1,7 +1,7 @@
 from django.apps import AppConfig
 
 from regions import hooks as regions_hooks
-from registry import usage as registry_hooks
+from registry import hooks as registry_hooks
 
 
 class ArtifactsConfig(AppConfig):

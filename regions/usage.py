@@ -2,8 +2,8 @@
 
 from regions.choices import DeploymentState
 from regions.models import Deployment
+from registry.hooks import register_usage_checker
 from registry.models import ModelVersion
-from registry.usage import register_usage_checker
 
 
 @register_usage_checker

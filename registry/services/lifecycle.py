@@ -20,9 +20,9 @@ from registry.choices import (
     ReportOutcome,
     VersionStatus,
 )
+from registry.hooks import TRANSITION_LISTENERS, version_users
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, VersionTransition
 from registry.services.access import require_gate_override, require_on_model
-from registry.usage import TRANSITION_LISTENERS, version_users
 
 S = VersionStatus
 

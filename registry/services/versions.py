@@ -13,9 +13,9 @@ from core.services.audit import audit_record, snapshot
 from core.services.validation import full_clean, jurisdiction_codes
 from registry.choices import FINAL_STATES, VersionStatus
 from registry.engine_args import DTYPES, QUANTIZATIONS, validate_engine_args
+from registry.hooks import REGISTER_LISTENERS
 from registry.models import SHA256, ModelVersion, RegisteredModel
 from registry.services.access import require_on_model
-from registry.usage import REGISTER_LISTENERS
 
 CONTENT_FIELDS = (
     "artifact_uri",

@@ -11,10 +11,10 @@ from core.errors import Conflict, Forbidden, InvalidTransition, ValidationFailed
 from core.models import AuditEvent
 from registry import selectors
 from registry.choices import VERSION_TRANSITIONS, VersionStatus
+from registry.hooks import USAGE_CHECKERS
 from registry.models import AliasMove, ModelVersion, VersionTransition
 from registry.services.lifecycle import alias_move, model_rollback, version_transition
 from registry.services.reports import report_submit
-from registry.usage import USAGE_CHECKERS
 from tests.support.principals import principal
 from tests.support.registry import GOOD_METRICS, advance, register
 
