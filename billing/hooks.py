@@ -1,10 +1,17 @@
 """Who listens to budget alerts. Billing sits below routing, so it cannot republish the route table
 itself: routing registers here from its AppConfig.ready(), and billing calls ``budgets_fired`` after
-alerts fire, without importing anything above it."""
+alerts fire, without importing anything above it.
+
+Only types are imported from billing's models, so an AppConfig module may import this one at its top.
+"""
+
+from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from billing.models import BudgetAlert
+if TYPE_CHECKING:
+    from billing.models import BudgetAlert
 
 # Called with the alerts an evaluation fired (never with none), once their transactions committed.
 BUDGET_LISTENERS: list[Callable[[list[BudgetAlert]], None]] = []
