@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from billing.models import BudgetAlert
 
-# Called with the alerts an evaluation fired (never with none), once their transactions committed.
+# Called with the alerts an evaluation fired (never with none), after each alert's own transaction committed.
 BUDGET_LISTENERS: list[Callable[[list[BudgetAlert]], None]] = []
 
 
 def on_budgets_fired(
     listener: Callable[[list[BudgetAlert]], None],
 ) -> Callable[[list[BudgetAlert]], None]:
-    BUDGET_LISTENERS.append(listener)
+    if listener not in BUDGET_LISTENERS:  # ready() may run twice (tests that reload apps)
+        BUDGET_LISTENERS.append(listener)
     return listener
 
 

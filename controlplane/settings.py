@@ -217,13 +217,13 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "prune-idempotency-records": {"task": "core.tasks.prune_idempotency_records", "schedule": 3600.0},
-    "expire-invitations": {"task": "core.tasks.expire_invitations", "schedule": 3600.0},
-    "collect-artifact-garbage": {"task": "artifacts.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
-    "resume-replication": {"task": "artifacts.tasks.resume_replication", "schedule": 60.0},
+    "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
+    "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
+    "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
+    "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},
     "checkpoint-audit-chain": {
-        "task": "core.tasks.checkpoint_audit_chain",
+        "task": "controlplane.tasks.checkpoint_audit_chain",
         "schedule": float(env_int("AUDIT_CHECKPOINT_INTERVAL_SECONDS", 300)),
     },
     "reconcile-regions": {

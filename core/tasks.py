@@ -1,4 +1,8 @@
-"""Celery entry points of the platform core: take ids, call one service, return."""
+"""Celery entry points of the platform core: take ids, call one service, return.
+
+The Celery names stay ``controlplane.tasks.*``, as they were before the core app left the project package:
+a name is what a queued message carries, so messages in the broker across an upgrade still find their task.
+"""
 
 from datetime import timedelta
 
@@ -12,7 +16,7 @@ from core.services.operations import operation_dispatcher, operation_run
 from core.services.tenants import invitations_expire
 
 
-@shared_task(name="core.tasks.run_operation")
+@shared_task(name="controlplane.tasks.run_operation")
 def run_operation(operation_id: str) -> None:
     operation_run(operation_id)
 
@@ -22,20 +26,20 @@ def _enqueue_operation(operation_id: str) -> None:
     run_operation.delay(operation_id)
 
 
-@shared_task(name="core.tasks.prune_idempotency_records")
+@shared_task(name="controlplane.tasks.prune_idempotency_records")
 def prune_idempotency_records() -> int:
     cutoff = timezone.now() - timedelta(hours=settings.IDEMPOTENCY_TTL_HOURS)
     deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=cutoff).delete()
     return deleted
 
 
-@shared_task(name="core.tasks.checkpoint_audit_chain")
+@shared_task(name="controlplane.tasks.checkpoint_audit_chain")
 def checkpoint_audit_chain() -> int | None:
     """Anchor the audit chain head outside the database (docs/audit.md); the seq checkpointed, if any."""
     checkpoint = checkpoint_head(now=timezone.now())
     return checkpoint.seq if checkpoint else None
 
 
-@shared_task(name="core.tasks.expire_invitations")
+@shared_task(name="controlplane.tasks.expire_invitations")
 def expire_invitations() -> int:
     return invitations_expire(now=timezone.now())

@@ -9,8 +9,6 @@ class RoutingConfig(AppConfig):
 
     def ready(self) -> None:
         # The one import that must wait for ready(): the services use the models, loadable only now.
-        from routing.services import publish
+        from routing.services import republish_for_budgets
 
-        @billing_hooks.on_budgets_fired
-        def republish(alerts: object) -> None:
-            publish()  # a hard limit reaches the gateways with the next table generation
+        billing_hooks.on_budgets_fired(republish_for_budgets)

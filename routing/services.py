@@ -11,6 +11,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from billing.models import BudgetAlert
 from core.choices import AuditSource
 from core.errors import InvalidTransition
 from core.models import Tenant
@@ -166,7 +167,7 @@ def endpoint_health_transition(health: EndpointHealth, to: str, *, region: Regio
     """Move an endpoint to ``to`` by compare-and-set (with the probe result that moved it) and put the
     change on the timeline in the same transaction. A lost race (the state is no longer the one read)
     raises InvalidTransition and writes nothing."""
-    if to not in HEALTH_TRANSITIONS[health.state]:
+    if to not in HEALTH_TRANSITIONS.get(health.state, frozenset()):
         raise InvalidTransition(f"{health.url} cannot go from {health.state} to {to}.")
     at = probed.get("checked_at") or timezone.now()
     with transaction.atomic():
@@ -187,3 +188,8 @@ def endpoint_health_transition(health: EndpointHealth, to: str, *, region: Regio
 
 def forget_endpoints(live: Iterable[str]) -> None:
     EndpointHealth.objects.exclude(url__in=list(live)).delete()
+
+
+def republish_for_budgets(alerts: list[BudgetAlert]) -> None:
+    """A budget listener: a spent hard limit reaches the gateways with the next table generation."""
+    publish()

@@ -15,8 +15,8 @@ from artifacts.services.replication import LEASE, blobs_of
 from core.choices import AuditSource
 from core.principal import Principal
 from core.services.audit import audit_record
+from regions.usage import deployments_using
 from registry.choices import VersionStatus
-from registry.hooks import version_users
 
 SYSTEM = Principal.system("artifact-gc", source=AuditSource.TASK)
 
@@ -84,7 +84,7 @@ def _collect_retired(cutoff: datetime) -> list[str]:
         version__status=VersionStatus.RETIRED, version__status_changed_at__lt=cutoff, state=ReplicaState.READY
     ).select_related("version__model__owner", "region")
     for replica in candidates:
-        if version_users(replica.version):  # the rule the registry retires by: a live deployment uses it
+        if deployments_using(replica.version):  # the rule the registry retires by, asked of regions directly
             continue
         _delete_blobs(replica)
         with transaction.atomic():

@@ -32,7 +32,8 @@ def operation_handler(kind: str) -> Callable[[Callable[[Operation], dict[str, An
 
 
 def operation_dispatcher(dispatch: Callable[[str], None]) -> Callable[[str], None]:
-    DISPATCHERS.append(dispatch)
+    if dispatch not in DISPATCHERS:
+        DISPATCHERS.append(dispatch)
     return dispatch
 
 
@@ -42,6 +43,8 @@ def operation_start(
     """Record the operation and enqueue it once the caller's transaction commits."""
     if kind not in HANDLERS:
         raise NotFound(f"No operation of kind '{kind}'.")
+    if not DISPATCHERS:  # recorded but never run would leave it pending forever: refuse instead
+        raise RuntimeError("no operation dispatcher is registered (core.tasks is not loaded)")
     operation = Operation.objects.create(
         kind=kind,
         params=params or {},

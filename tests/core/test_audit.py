@@ -263,7 +263,7 @@ def test_periodic_checkpoint_anchors_the_head_once(db, settings):
     assert checkpoint_audit_chain() == 3  # the beat task
     assert [line["seq"] for line in checkpoint_lines(settings)] == [2, 3]
     assert stat.S_IMODE(Path(settings.AUDIT_CHECKPOINT_KEY_FILE).stat().st_mode) == 0o600
-    assert "core.tasks.checkpoint_audit_chain" in {
+    assert "controlplane.tasks.checkpoint_audit_chain" in {
         entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()
     }
 
