@@ -205,6 +205,7 @@ actions = st.lists(
 )
 
 
+@pytest.mark.heavy  # a property search over 30 histories of disk and network faults
 @settings(max_examples=30, deadline=None)
 @given(steps=actions)
 def test_whatever_happens_every_record_arrives_once_in_order_or_is_quarantined(steps):

@@ -170,6 +170,7 @@ def test_bad_engine_args_are_rejected_naming_the_argument(args, named):
     assert named in err.value.message and named in err.value.detail["engine_args"]
 
 
+@pytest.mark.heavy  # imports vLLM's own argument parser (about 10 s)
 def test_engine_args_render_as_vllm_flags():
     args = validate_engine_args(
         {

@@ -2,7 +2,8 @@
 
 tests/conftest.py marks them at collection (``pytest -m unit``, ``make test-unit``). Set by hand: ``slow``
 on tests that start long-lived processes (engines, a worker, servers), ``browser`` on those that drive
-Chromium, and ``subprocess`` on the quick ones that run a child process themselves (not through a fixture).
+Chromium, ``subprocess`` on the quick ones that run a child process themselves (not through a fixture), and
+``heavy`` on the few that stay in the process but take many seconds (a property search, vLLM's import).
 """
 
 import pytest
@@ -24,6 +25,6 @@ BEYOND_THE_PROCESS = frozenset(
 
 
 def is_unit(item: pytest.Item) -> bool:
-    if any(item.get_closest_marker(name) for name in ("django_db", "slow", "browser", "subprocess")):
+    if any(item.get_closest_marker(name) for name in ("django_db", "slow", "browser", "subprocess", "heavy")):
         return False
     return not BEYOND_THE_PROCESS.intersection(getattr(item, "fixturenames", ()))
