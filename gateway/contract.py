@@ -13,6 +13,12 @@ byte on the wire. Django-free, and nothing else in ``gateway/`` may be imported 
 
 from typing import NotRequired, TypedDict
 
+# The revisions a route may name in one region: the stable one, and during a rollout its candidate.
+STABLE, CANDIDATE = "stable", "candidate"
+# What a usage record says served the request: a revision, or a copy sent to the candidate (shadow),
+# which the client never saw and no tenant pays for.
+MIRROR = "mirror"
+
 
 class Endpoint(TypedDict):
     """One engine that may serve a route, in the order the gateway should try them."""
@@ -26,14 +32,27 @@ class Endpoint(TypedDict):
     served_model: str  # what the engine answers to (the gateway rewrites "model" to it)
     artifact_sha256: str
     shared: bool  # a platform deployment serving every tenant: its prefix cache is salted per tenant
+    track: NotRequired[str]  # STABLE or CANDIDATE; absent (an older control plane) means STABLE
+
+
+class Split(TypedDict):
+    """A rollout's weights in one region: percent of requests sent to the candidate, percent copied to it."""
+
+    candidate: int
+    mirror: int
 
 
 class Route(TypedDict):
-    """One model name of one tenant; no endpoints means it is unavailable, and ``unavailable`` says why."""
+    """One model name of one tenant; no endpoints means it is unavailable, and ``unavailable`` says why.
+
+    ``splits``, by region, exists only while a rollout has a candidate there that may serve this tenant:
+    the gateway sends that share of the region's requests (sticky per session) to the candidate's
+    endpoints, copies the mirror share to them, and treats the candidate as stable nowhere else."""
 
     endpoints: list[Endpoint]
     preferred: str  # the region traffic goes to when everything is healthy ('' when none is compliant)
     unavailable: NotRequired[str]
+    splits: NotRequired[dict[str, Split]]
 
 
 class TenantLimits(TypedDict, total=False):
@@ -93,6 +112,8 @@ class UsageRecord(TypedDict):
     latency_ms: NotRequired[float]
     attempts: NotRequired[int]
     stream: NotRequired[bool]
+    ttft_ms: NotRequired[float]  # to the first byte of the answer (a stream's first event)
+    track: NotRequired[str]  # STABLE, CANDIDATE or MIRROR (a shadow copy: never billed to the tenant)
     started_at: str  # ISO 8601 with the offset
 
 

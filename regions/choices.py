@@ -57,4 +57,21 @@ class TargetStatus(models.TextChoices):
     DELETED = "deleted", "Deleted"
 
 
+class TargetRole(models.TextChoices):
+    """Which revision of a deployment a target runs in its region. A rollout adds a candidate beside the
+    stable revision; whichever loses (the baseline after a promotion, the candidate after a rollback)
+    becomes retiring: out of the route table at once, its workload removed after ``remove_after``."""
+
+    STABLE = "stable", "Stable"
+    CANDIDATE = "candidate", "Candidate"
+    RETIRING = "retiring", "Retiring"
+
+
+class TargetPurpose(models.TextChoices):
+    """Who pays for a target's GPUs: the tenant (serving), or the platform (a shadow candidate)."""
+
+    SERVING = "serving", "Serving"
+    EVALUATION = "evaluation", "Evaluation"
+
+
 FINAL_TARGET_STATES = frozenset({TargetStatus.DELETED})

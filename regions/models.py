@@ -6,7 +6,16 @@ from django.utils import timezone
 
 from core.choices import Jurisdiction
 from core.models import Tenant
-from regions.choices import DeploymentState, DriverKind, PlacementMode, Provider, RegionStatus, TargetStatus
+from regions.choices import (
+    DeploymentState,
+    DriverKind,
+    PlacementMode,
+    Provider,
+    RegionStatus,
+    TargetPurpose,
+    TargetRole,
+    TargetStatus,
+)
 from registry.models import ModelVersion, RegisteredModel
 
 REGION_CODE = RegexValidator(
@@ -118,14 +127,29 @@ class Deployment(models.Model):
 
 
 class DeploymentTarget(models.Model):
-    """One deployment in one region: desired replicas, what the driver last reported, and retry state.
+    """One revision of a deployment in one region: desired replicas, what the driver last reported, and
+    retry state.
 
     pending → provisioning → ready ⇄ degraded;  any → failed (permanent driver error) → provisioning on
     the next change;  ready/… → paused (zero replicas);  any → deleting → deleted.
+
+    A region has one stable target (revision 0 at first) and, during a rollout, a candidate beside it
+    (its own revision number, so its own workload name). ``version`` is null on a stable target, which
+    runs the deployment's version; a candidate or retiring target names the version it runs.
     """
 
     deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="targets")
     region = models.ForeignKey(Region, on_delete=models.PROTECT, related_name="targets")
+    role = models.CharField(max_length=16, choices=TargetRole.choices, default=TargetRole.STABLE)
+    revision = models.PositiveIntegerField(default=0)
+    version = models.ForeignKey(
+        ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="revision_targets"
+    )
+    # A candidate's share of the region's requests, and the share of them copied to it (shadow), 0..100.
+    traffic_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    mirror_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    purpose = models.CharField(max_length=16, choices=TargetPurpose.choices, default=TargetPurpose.SERVING)
+    remove_after = models.DateTimeField(null=True, blank=True)  # retiring: the drain ends, the workload goes
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     status = models.CharField(max_length=16, choices=TargetStatus.choices, default=TargetStatus.PENDING)
     ready_replicas = models.PositiveSmallIntegerField(default=0)
@@ -140,8 +164,14 @@ class DeploymentTarget(models.Model):
     lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["deployment", "region"], name="target_unique_region")]
-        ordering = ["region__code"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "region", "role"],
+                condition=models.Q(role__in=[TargetRole.STABLE, TargetRole.CANDIDATE]),
+                name="target_unique_role_per_region",
+            )
+        ]
+        ordering = ["region__code", "revision"]
 
     def __str__(self) -> str:
         return f"{self.deployment}@{self.region.code}"

@@ -21,11 +21,11 @@ from core.choices import AuditSource
 from core.principal import Principal
 from core.services.audit import audit_record
 from regions import hooks
-from regions.choices import DeploymentState, TargetStatus
+from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
-from regions.workloads import effective_replicas, workload_name, workload_spec
+from regions.workloads import effective_replicas, removed, target_workload, workload_spec
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
@@ -84,7 +84,7 @@ def _claim(target_id: int) -> DeploymentTarget | None:
     if not claimed:
         return None
     return DeploymentTarget.objects.select_related(
-        "deployment__owner", "deployment__model", "deployment__version", "region"
+        "deployment__owner", "deployment__model", "deployment__version", "version", "region"
     ).get(pk=target_id)
 
 
@@ -102,9 +102,12 @@ def reconcile_target(target_id: int) -> None:
 
 
 def _follow_alias(target: DeploymentTarget) -> None:
-    """A deployment that follows an alias rolls to wherever the alias points now."""
+    """A deployment that follows an alias rolls to wherever the alias points now, all at once; while a
+    rollout runs on it (a candidate target exists), the rollout moves it instead, region by region."""
     deployment = target.deployment
     if not deployment.follow_alias or deployment.state != DeploymentState.ACTIVE:
+        return
+    if deployment.targets.filter(role=TargetRole.CANDIDATE).exists():
         return
     alias = deployment.model.aliases.filter(name=deployment.follow_alias).select_related("version").first()
     if alias is None or alias.version is None or alias.version_id == deployment.version_id:
@@ -131,12 +134,12 @@ def _follow_alias(target: DeploymentTarget) -> None:
 
 
 def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
-    deployment = target.deployment
-    if deployment.state != DeploymentState.ACTIVE:
-        driver.delete(workload_name(deployment))
-        gone = driver.observe(workload_name(deployment)) is None
+    if removed(target):
+        driver.delete(target_workload(target))
+        gone = driver.observe(target_workload(target)) is None
         return Outcome(TargetStatus.DELETED if gone else TargetStatus.DELETING)
-    _follow_alias(target)
+    if target.role == TargetRole.STABLE:
+        _follow_alias(target)
     waiting = _weights_missing(target)
     if waiting is not None:
         return waiting

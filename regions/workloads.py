@@ -2,7 +2,9 @@
 
 import re
 
-from regions.choices import DeploymentState, RegionStatus
+from django.utils import timezone
+
+from regions.choices import DeploymentState, RegionStatus, TargetRole
 from regions.drivers.base import WorkloadSpec
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from registry.models import ModelVersion
@@ -11,9 +13,32 @@ from registry.selectors import version_files
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def workload_name(deployment: Deployment) -> str:
-    """Deterministic, so a retried or crashed reconcile finds what it created instead of duplicating it."""
-    return f"cp-{deployment.pk}-{deployment.name}"[:50].rstrip("-")
+def workload_name(deployment: Deployment, revision: int = 0) -> str:
+    """Deterministic, so a retried or crashed reconcile finds what it created instead of duplicating it;
+    one per revision, so a candidate runs beside the baseline and keeps its name when it is promoted."""
+    base = f"cp-{deployment.pk}-{deployment.name}"
+    if revision == 0:
+        return base[:50].rstrip("-")
+    suffix = f"-r{revision}"
+    return base[: 50 - len(suffix)].rstrip("-") + suffix
+
+
+def target_workload(target: DeploymentTarget) -> str:
+    return workload_name(target.deployment, target.revision)
+
+
+def target_version(target: DeploymentTarget) -> ModelVersion:
+    """The version a target runs: its own (a candidate's, a retiring one's), else the deployment's."""
+    return target.version if target.version_id is not None else target.deployment.version
+
+
+def removed(target: DeploymentTarget) -> bool:
+    """A deployment being deleted, or a retiring revision whose drain is over: its workload goes."""
+    if target.deployment.state != DeploymentState.ACTIVE:
+        return True
+    return target.role == TargetRole.RETIRING and (
+        target.remove_after is None or target.remove_after <= timezone.now()
+    )
 
 
 def _label(value: str) -> str:
@@ -32,15 +57,16 @@ def model_files(version: ModelVersion) -> list[list[str]]:
 
 
 def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
-    deployment, version = target.deployment, target.deployment.version
+    deployment, version = target.deployment, target_version(target)
     pool = GpuPool.objects.filter(region=target.region, gpu_type=deployment.gpu_type).first()
     return WorkloadSpec(
-        name=workload_name(deployment),
+        name=target_workload(target),
         labels={
             "controlplane.io/tenant": _label(deployment.owner.slug),
             "controlplane.io/model": _label(deployment.model.name),
             "controlplane.io/version": _label(version.version),
             "controlplane.io/deployment": str(deployment.pk),
+            "controlplane.io/revision": str(target.revision),
         },
         replicas=effective_replicas(target),
         served_model_name=version.served_model_name,

@@ -55,6 +55,9 @@ class Placement:
     gpu_hour_price: Decimal | None = None
     owner: Residency | None = None  # the version's owning tenant; None for a platform catalog version
     shared: bool = False  # a platform deployment serving every tenant: gateways salt its prefix cache
+    track: str = contract.STABLE  # which revision: the stable one or a rollout's candidate beside it
+    traffic_percent: int = 0  # a candidate's share of the region's requests
+    mirror_percent: int = 0  # the share of the region's requests copied to a candidate (shadow)
 
 
 @dataclass(frozen=True)
@@ -107,32 +110,52 @@ def _why_not(policy: TenantPolicy, placement: Placement) -> str:
     return ""
 
 
+def _splits(eligible: list[Placement]) -> dict[str, contract.Split]:
+    """Per region with an eligible candidate: its share of requests and of copies (a rollout's weights)."""
+    return {
+        p.region: {"candidate": p.traffic_percent, "mirror": p.mirror_percent}
+        for p in eligible
+        if p.track == contract.CANDIDATE
+    }
+
+
 def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Route:
-    """The route of one model name for one tenant."""
+    """The route of one model name for one tenant. A region is one tier, whichever revisions run there."""
     mine = sorted(
         placements,
-        key=lambda p: (distance_km(policy.home, p.location), p.gpu_hour_price or Decimal(0), p.region),
+        key=lambda p: (
+            distance_km(policy.home, p.location),
+            p.gpu_hour_price or Decimal(0),
+            p.region,
+            p.track != contract.STABLE,
+        ),
     )
     eligible = [p for p in mine if not _why_not(policy, p)]
+    tiers = {region: tier for tier, region in enumerate(dict.fromkeys(p.region for p in eligible))}
     endpoints: list[contract.Endpoint] = [
         {
             "url": endpoint.url,
             "region": placement.region,
-            "priority": tier,
+            "priority": tiers[placement.region],
             "weight": weight(endpoint),
             "deployment": placement.deployment_id,
             "version": placement.version,
             "served_model": placement.served_model,
             "artifact_sha256": placement.artifact_sha256,
             "shared": placement.shared,
+            "track": placement.track,
         }
-        for tier, placement in enumerate(eligible)
+        for placement in eligible
         for endpoint in placement.endpoints
         if endpoint.healthy
     ]
     compliant = [p for p in mine if _refusal(policy, p) is None]
     # Where the traffic goes when everything is healthy: moving back there is a failback.
     entry: contract.Route = {"endpoints": endpoints, "preferred": compliant[0].region if compliant else ""}
+    live = {e["region"] for e in endpoints if e["track"] == contract.CANDIDATE}
+    splits = {region: split for region, split in _splits(eligible).items() if region in live}
+    if splits:
+        entry["splits"] = splits
     if not endpoints:
         allowed = ", ".join(sorted(policy.residency)) or "none"
         reasons = "; ".join(_why_not(policy, p) for p in mine) or "not deployed"

@@ -19,9 +19,10 @@ from core.principal import Principal
 from core.residency import weights_of
 from core.selectors import scoped, visible_tenant_slugs
 from gateway import contract
-from regions.choices import DeploymentState, RegionStatus, TargetStatus
+from regions.choices import DeploymentState, RegionStatus, TargetRole, TargetStatus
 from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
+from regions.workloads import target_version
 from routing.choices import Health, RoutingEventKind
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import Endpoint, Placement, TenantPolicy, route_table
@@ -167,8 +168,12 @@ def placements(now: datetime | None = None) -> list[Placement]:
     verified = set(
         ArtifactReplica.objects.filter(state=ReplicaState.READY).values_list("version_id", "region_id")
     )
-    targets = DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE).select_related(
-        "deployment__owner", "deployment__version__model__owner", "region"
+    targets = (
+        DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE)
+        .exclude(role=TargetRole.RETIRING)  # out of the route table at once; its workload drains
+        .select_related(
+            "deployment__owner", "deployment__version__model__owner", "version__model__owner", "region"
+        )
     )
     price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))
@@ -177,7 +182,8 @@ def placements(now: datetime | None = None) -> list[Placement]:
     )
     found = []
     for target in targets:
-        deployment, version, region = target.deployment, target.deployment.version, target.region
+        deployment, version, region = target.deployment, target_version(target), target.region
+        candidate = target.role == TargetRole.CANDIDATE
         endpoints = tuple(_endpoint(url, health.get(url)) for url in target.endpoints)
         # A shared deployment is offered to every tenant, except where a tenant runs its own of that name.
         callers = (
@@ -204,6 +210,9 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 location=_location(region),
                 gpu_hour_price=price_of(region, deployment.gpu_type),
                 shared=deployment.shared,
+                track=contract.CANDIDATE if candidate else contract.STABLE,
+                traffic_percent=target.traffic_percent if candidate else 0,
+                mirror_percent=target.mirror_percent if candidate else 0,
             )
             for caller in callers
         ]

@@ -28,6 +28,7 @@ from core.principal import Principal
 from core.residency import residency_refusal, weights_of
 from regions.hooks import WeightsWait
 from regions.models import DeploymentTarget, Region
+from regions.workloads import target_version
 from registry.choices import VersionStatus
 from registry.models import ModelVersion
 
@@ -86,7 +87,7 @@ class RegionalWeights:
     """What regions asks of artifacts (regions.hooks.WeightsProvider), installed by ArtifactsConfig."""
 
     def gate(self, target: DeploymentTarget) -> WeightsWait | None:
-        return weights_gate(target.deployment.version, target.region)
+        return weights_gate(target_version(target), target.region)
 
     def reader(self, store_config: dict[str, Any]) -> Blobs:
         return Blobs(store_from_config(store_config))

@@ -13,7 +13,7 @@ from core.models import Tenant
 from core.principal import Principal
 from core.services.audit import audit_record
 from core.services.validation import full_clean
-from regions.choices import DeploymentState, PlacementMode, TargetStatus
+from regions.choices import DeploymentState, PlacementMode, TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
 from regions.services import placement
 from regions.tasks import reconcile_region
@@ -158,7 +158,11 @@ def deployment_scale(*, actor: Principal, deployment: Deployment, replicas: int)
         )
     with transaction.atomic():
         list(GpuPool.objects.select_for_update().filter(gpu_type=deployment.gpu_type).order_by("pk"))
-        targets = list(deployment.targets.exclude(status=TargetStatus.DELETED).select_related("region"))
+        targets = list(
+            deployment.targets.exclude(status=TargetStatus.DELETED)
+            .exclude(role=TargetRole.RETIRING)
+            .select_related("region")
+        )
         _check_room(deployment, targets, replicas)
         before = {t.region.code: t.desired_replicas for t in targets}
         DeploymentTarget.objects.filter(pk__in=[t.pk for t in targets]).update(
