@@ -1,9 +1,7 @@
 """Billing actions: usage ingestion from gateways (idempotent by request id, all or nothing per batch),
 prices with history, budget alerts."""
 
-import json
 import logging
-import urllib.request
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -23,6 +21,7 @@ from core.errors import Conflict, ValidationFailed
 from core.models import Tenant
 from core.principal import Principal
 from core.services.audit import audit_record
+from core.webhooks import post_json
 from gateway import contract
 from regions.models import Deployment, Region
 
@@ -246,14 +245,4 @@ def _announce(tenant: Tenant, alert: BudgetAlert) -> None:
             "budget": str(alert.budget),
             "message": message,
         }
-        transaction.on_commit(lambda: _post(tenant.budget_webhook, payload))
-
-
-def _post(url: str, payload: dict[str, Any]) -> None:
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    try:
-        urllib.request.urlopen(request, timeout=5).close()
-    except OSError as exc:  # best effort: the audit event and the banner are the record
-        log.warning("budget webhook %s failed: %s", url, exc)
+        transaction.on_commit(lambda: post_json(tenant.budget_webhook, payload))

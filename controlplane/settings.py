@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "artifacts",
     "billing",
     "routing",
+    "rollouts",
     "controlplane",
     "axes",
 ]
@@ -225,6 +226,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "checkpoint-audit-chain": {
         "task": "controlplane.tasks.checkpoint_audit_chain",
         "schedule": float(env_int("AUDIT_CHECKPOINT_INTERVAL_SECONDS", 300)),
+    },
+    "advance-rollouts": {
+        "task": "rollouts.tasks.advance_all",
+        "schedule": float(env_int("ROLLOUT_INTERVAL_SECONDS", 5)),
     },
     "reconcile-regions": {
         "task": "regions.tasks.reconcile_all",

@@ -47,7 +47,7 @@ VERSION_TRANSITIONS: dict[str, frozenset[str]] = {
     S.VALIDATING: frozenset({S.VALIDATED, S.REJECTED}),
     S.VALIDATED: frozenset({S.STAGED, S.DEPRECATED}),
     S.STAGED: frozenset({S.CANARY, S.DEPRECATED}),
-    S.CANARY: frozenset({S.PRODUCTION, S.STAGED, S.DEPRECATED}),
+    S.CANARY: frozenset({S.PRODUCTION, S.STAGED, S.DEPRECATED, S.REJECTED}),  # rejected: a rollout's policy
     S.PRODUCTION: frozenset({S.DEPRECATED}),
     S.DEPRECATED: frozenset({S.RETIRED}),
     S.RETIRED: frozenset(),

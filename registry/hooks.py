@@ -46,3 +46,18 @@ def on_register(listener: Callable[[ModelVersion], None]) -> Callable[[ModelVers
     if listener not in REGISTER_LISTENERS:
         REGISTER_LISTENERS.append(listener)
     return listener
+
+
+# Each returns why the version has earned production (e.g. "rollout 12 succeeded"), or '' when it has not:
+# the production gate passes without an override when one of them vouches for the version.
+PRODUCTION_EVIDENCE: list[Callable[[ModelVersion], str]] = []
+
+
+def on_production_evidence(check: Callable[[ModelVersion], str]) -> Callable[[ModelVersion], str]:
+    if check not in PRODUCTION_EVIDENCE:
+        PRODUCTION_EVIDENCE.append(check)
+    return check
+
+
+def production_evidence(version: ModelVersion) -> str:
+    return next((found for check in PRODUCTION_EVIDENCE if (found := check(version))), "")

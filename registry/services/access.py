@@ -11,6 +11,11 @@ def require_on_model(actor: Principal, model: RegisteredModel, scope: str) -> No
     actor.require(scope, model.owner_id)
 
 
+def may_promote(actor: Principal, model: RegisteredModel) -> bool:
+    """Whether ``actor`` may move the model's versions through the lifecycle (``require_on_model``'s rule)."""
+    return actor.may(Scope.REGISTRY_PROMOTE, model.owner_id)
+
+
 def require_gate_override(actor: Principal, model: RegisteredModel) -> None:
     """Skipping a gate is for operators, and for the owner's tenant admins on their own models."""
     require_on_model(actor, model, Scope.REGISTRY_PROMOTE)

@@ -20,7 +20,7 @@ from registry.choices import (
     ReportOutcome,
     VersionStatus,
 )
-from registry.hooks import TRANSITION_LISTENERS, version_users
+from registry.hooks import TRANSITION_LISTENERS, production_evidence, version_users
 from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, VersionTransition
 from registry.services.access import require_gate_override, require_on_model
 
@@ -35,10 +35,13 @@ def _gate(actor: Principal, version: ModelVersion, to: str, reason: str, overrid
             why = "no validation report" if report is None else "its latest validation report failed"
             raise Conflict(f"{version} cannot be validated: {why}.", code="gate_failed")
     if to == S.PRODUCTION:
-        # No rollout has completed a canary yet (rollouts arrive later), so production needs an override.
+        # A succeeded rollout (registry.hooks: the rollouts app vouches) opens the gate; without one,
+        # only an operator's override with a reason does.
+        if not override and production_evidence(version):
+            return False
         if not override:
             raise Conflict(
-                f"{version} needs a completed canary before production; "
+                f"{version} needs a succeeded rollout before production; "
                 "an operator may override with a reason.",
                 code="gate_failed",
             )
@@ -234,7 +237,7 @@ def transition_choices(version: ModelVersion) -> list[dict[str, Any]]:
     """The next states and what their gate needs, for the console's action buttons."""
     needs: dict[str, str] = {
         S.VALIDATED: "a passing validation report",
-        S.PRODUCTION: "an operator override with a reason",
+        S.PRODUCTION: "a succeeded rollout, or an operator override with a reason",
         S.RETIRED: "no deployment using it",
     }
     return [{"to": to, "needs": needs.get(to, "")} for to in sorted(VERSION_TRANSITIONS[version.status])]
