@@ -29,7 +29,7 @@ def target_workload(target: DeploymentTarget) -> str:
 
 def target_version(target: DeploymentTarget) -> ModelVersion:
     """The version a target runs: its own (a candidate's, a retiring one's), else the deployment's."""
-    return target.version if target.version_id is not None else target.deployment.version
+    return target.version or target.deployment.version
 
 
 def removed(target: DeploymentTarget) -> bool:

