@@ -25,6 +25,9 @@ APPLY = "application/apply-patch+yaml"
 MODELS_MOUNT = "/models"
 STARTUP_GRACE_SECONDS = 600  # weights of a large model can take ~10 minutes to load
 PERMANENT_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+# On the pod template and in the Service's selector: the Service answers only with pods of the spec that was
+# last applied, never with an older ReplicaSet's pods still running during a rolling update.
+SPEC_LABEL = "controlplane.io/spec"
 
 
 @dataclass(frozen=True)
@@ -175,8 +178,15 @@ def cache_size(artifact_bytes: int) -> str:
     return f"{max(10, math.ceil(artifact_bytes * 1.2 / 1024**3) + 5)}Gi"
 
 
+def spec_label(spec: WorkloadSpec) -> str:
+    return spec.spec_hash[:16]  # a label value holds at most 63 characters
+
+
 def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str, Any]]:
     labels = _labels(spec)
+    pod_labels = {**labels, SPEC_LABEL: spec_label(spec)}
+    # The workload name is per revision (cp-<id>-<name>-r<N>), so a candidate's selector never matches the
+    # baseline's pods. The Deployment's selector is immutable once created, so it stays the name alone.
     selector = {"app.kubernetes.io/instance": spec.name}
     cache_claim: dict[str, Any] = {
         "accessModes": ["ReadWriteOnce"],
@@ -229,7 +239,7 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
             "selector": {"matchLabels": selector},
             "progressDeadlineSeconds": 1200,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
     service = {
@@ -238,7 +248,7 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
         "metadata": {"name": service_name(spec.name), "namespace": cfg.namespace, "labels": labels},
         "spec": {
             "type": "ClusterIP",
-            "selector": selector,
+            "selector": {**selector, SPEC_LABEL: spec_label(spec)},
             "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
         },
     }
@@ -305,6 +315,57 @@ def _cold_start(index: int, pod: Any) -> dict[str, float] | None:
     }
 
 
+def _current_pods(deployment: Any, pods: list[Any]) -> list[Any]:
+    """The pods of the spec last applied (the template's spec label), not an older ReplicaSet's. A
+    template without the label was applied before it existed: all its pods are of that template."""
+    want = (deployment.spec.template.metadata.labels or {}).get(SPEC_LABEL)
+    if want is None:
+        return pods
+    return [pod for pod in pods if (pod.metadata.labels or {}).get(SPEC_LABEL) == want]
+
+
+def _pod_ready(pod: Any) -> bool:
+    conditions = pod.status.conditions if pod.status else None
+    ready = any(c.type == "Ready" and c.status == "True" for c in conditions or [])
+    return ready and pod.metadata.deletion_timestamp is None
+
+
+def _ready(deployment: Any, current: list[Any]) -> int:
+    """Replicas of the spec last applied that answer. From the controller's own status once it has observed
+    that spec: readyReplicas counts old and new pods alike, so every old pod is assumed to be among them
+    and the count never names a new replica that is not answering. Until the controller has observed the
+    generation, its counts are of the previous spec: count the current spec's Ready pods instead (none
+    after a spec change, all of them after a mere scale)."""
+    status = deployment.status
+    if status is None or (status.observed_generation or 0) < (deployment.metadata.generation or 0):
+        return sum(1 for pod in current if _pod_ready(pod))
+    updated = status.updated_replicas or 0
+    old = max(0, (status.replicas or 0) - updated)
+    return max(0, min(updated, (status.ready_replicas or 0) - old))
+
+
+def _stalled(deployment: Any) -> str:
+    """The controller gave up waiting for the rollout (progressDeadlineSeconds). Not permanent: it keeps
+    trying, and a cause that is permanent (a missing image) is reported from the pods first."""
+    for condition in (deployment.status.conditions if deployment.status else None) or []:
+        if condition.type == "Progressing" and condition.reason == "ProgressDeadlineExceeded":
+            return f"ProgressDeadlineExceeded: {condition.message or 'the rollout made no progress'}"
+    return ""
+
+
+def _cold_starts(pods: list[Any]) -> list[dict[str, float]]:
+    timings = (_cold_start(index, pod) for index, pod in enumerate(pods))
+    return [timing for timing in timings if timing]
+
+
+def _first_problem(pods: list[Any]) -> tuple[str, bool]:
+    for pod in pods:
+        problem = _pod_problem(pod)
+        if problem[0]:
+            return problem
+    return "", False
+
+
 class KubernetesDriver:
     def __init__(self, cfg: KubernetesConfig, api_client: client.ApiClient | None = None):
         self.cfg = cfg
@@ -349,11 +410,11 @@ class KubernetesDriver:
                 if exc.status == 404:
                     return None
                 raise
-            ready = found.status.ready_replicas or 0 if found.status else 0
-            problem, permanent = ("", False)
-            if ready < (found.spec.replicas or 0):
-                problem, permanent = self._problem(name)
-            cold_starts = self._cold_starts(name) if ready else []
+            current = _current_pods(found, self._pods(name))
+        ready = _ready(found, current)
+        problem, permanent = ("", False)
+        if ready < (found.spec.replicas or 0):
+            problem, permanent = _first_problem(current)
         endpoint = f"http://{service_name(name)}.{self.cfg.namespace}.svc.cluster.local:8000"
         annotations = (found.metadata.annotations if found.metadata else None) or {}
         return ObservedWorkload(
@@ -362,9 +423,9 @@ class KubernetesDriver:
             ready,
             [endpoint] if ready else [],
             False,
-            problem,
+            problem or _stalled(found),
             permanent,
-            cold_starts,
+            _cold_starts(current) if ready else [],
         )
 
     def _pods(self, name: str) -> list[Any]:
@@ -375,17 +436,6 @@ class KubernetesDriver:
                 _request_timeout=self.timeout,
             ).items
         )
-
-    def _cold_starts(self, name: str) -> list[dict[str, float]]:
-        timings = (_cold_start(index, pod) for index, pod in enumerate(self._pods(name)))
-        return [timing for timing in timings if timing]
-
-    def _problem(self, name: str) -> tuple[str, bool]:
-        for pod in self._pods(name):
-            problem = _pod_problem(pod)
-            if problem[0]:
-                return problem
-        return "", False
 
     def delete(self, name: str) -> None:
         body = client.V1DeleteOptions(propagation_policy="Foreground")

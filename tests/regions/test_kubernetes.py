@@ -9,9 +9,10 @@ import pytest
 from kubernetes import client
 
 from core.models import AuditEvent
+from regions.choices import TargetRole
 from regions.drivers.base import WorkloadSpec
-from regions.drivers.kubernetes import KubernetesConfig, render_manifests
-from regions.models import DeploymentTarget
+from regions.drivers.kubernetes import SPEC_LABEL, KubernetesConfig, KubernetesDriver, render_manifests
+from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
 from regions.services.regions import region_create
 from tests.support.kube_api import KubeApiServer
@@ -72,28 +73,33 @@ def test_rendered_deployment_follows_the_reference_deployments():
 
 
 @pytest.fixture
-def kube(world, tmp_path):
-    with KubeApiServer() as server:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps(server.kubeconfig()))
-        region_create(
-            actor=principal(world.operator),
-            code="eu-central-1",
-            name="Frankfurt",
-            provider="aws",
-            jurisdiction="EU",
-            driver="kubernetes",
-            driver_config={"namespace": "llm", "kubeconfig_file": str(kubeconfig), "read_timeout": 5},
-            gpu_pools=[
-                {
-                    "gpu_type": "L4",
-                    "memory_gib": 24,
-                    "gpu_count": 8,
-                    "node_labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
-                }
-            ],
-        )
-        yield server
+def server():
+    with KubeApiServer() as running:
+        yield running
+
+
+@pytest.fixture
+def kube(world, server, tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(server.kubeconfig()))
+    region_create(
+        actor=principal(world.operator),
+        code="eu-central-1",
+        name="Frankfurt",
+        provider="aws",
+        jurisdiction="EU",
+        driver="kubernetes",
+        driver_config={"namespace": "llm", "kubeconfig_file": str(kubeconfig), "read_timeout": 5},
+        gpu_pools=[
+            {
+                "gpu_type": "L4",
+                "memory_gib": 24,
+                "gpu_count": 8,
+                "node_labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+            }
+        ],
+    )
+    return server
 
 
 @pytest.fixture
@@ -193,3 +199,118 @@ def test_the_model_cache_is_sized_from_the_versions_artifact(world, kube, chat):
         "volumes"
     ]
     assert small[1]["ephemeral"]["volumeClaimTemplate"]["spec"]["resources"]["requests"]["storage"] == "10Gi"
+
+
+# Rollout progress: ready replicas (and the endpoint) count only replicas of the spec last applied.
+
+
+def driver_for_server(server: KubeApiServer) -> KubernetesDriver:
+    return KubernetesDriver(CONFIG, api_client=client.ApiClient(client_configuration(server)))
+
+
+def test_a_spec_change_the_controller_has_not_observed_has_no_ready_replica(server):
+    driver = driver_for_server(server)
+    driver.apply(SPEC)
+    assert driver.observe(SPEC.name).ready_replicas == 2
+    server.state.lagging.add(SPEC.name)  # the controller has not yet acted on what comes next
+    changed = replace(SPEC, runtime_image="vllm/vllm-openai:v0.34.0")
+    driver.apply(changed)
+    stored = server.state.objects[("deployments", "llm", SPEC.name)]
+    assert stored["metadata"]["generation"] == 2 and stored["status"]["observedGeneration"] == 1
+    assert stored["status"]["readyReplicas"] == 2  # the old pods still answer, as the old spec
+    observed = driver.observe(SPEC.name)
+    assert observed.spec_hash == changed.spec_hash
+    assert (observed.ready_replicas, observed.endpoints, observed.cold_starts) == (0, [], [])
+    server.state.lagging.clear()
+    assert driver.observe(SPEC.name).ready_replicas == 2
+
+
+def test_a_scale_the_controller_has_not_observed_keeps_the_replicas_that_answer(server):
+    driver = driver_for_server(server)
+    driver.apply(SPEC)
+    server.state.lagging.add(SPEC.name)
+    driver.apply(replace(SPEC, replicas=3))  # same template: its pods are of the current spec
+    observed = driver.observe(SPEC.name)
+    assert (observed.replicas, observed.ready_replicas, len(observed.endpoints)) == (3, 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "ready"),
+    [
+        ({"replicas": 2, "updatedReplicas": 1, "readyReplicas": 2}, 1),  # one new, one old, both ready
+        ({"replicas": 2, "updatedReplicas": 1, "readyReplicas": 1}, 0),  # the ready one may be the old one
+        ({"replicas": 2, "updatedReplicas": 0, "readyReplicas": 2}, 0),
+        ({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1}, 1),
+        ({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}, 2),  # the rollout is complete
+    ],
+)
+def test_only_updated_replicas_that_are_ready_count(server, status, ready):
+    driver = driver_for_server(server)
+    driver.apply(SPEC)
+    server.state.status_overrides[SPEC.name] = status
+    observed = driver.observe(SPEC.name)
+    assert observed.ready_replicas == ready and len(observed.endpoints) == (1 if ready else 0)
+
+
+def test_a_rollout_past_its_progress_deadline_is_a_problem_that_keeps_trying(kube, chat):
+    name = f"cp-{chat.pk}-chat"
+    timed_out = f'ReplicaSet "{name}-5d4f" has timed out progressing.'
+    kube.state.held.add(name)
+    kube.state.status_overrides[name] = {
+        "conditions": [
+            {
+                "type": "Progressing",
+                "status": "False",
+                "reason": "ProgressDeadlineExceeded",
+                "message": timed_out,
+            }
+        ]
+    }
+    converge(chat)
+    found = target(chat)
+    assert found.status == "provisioning" and found.ready_replicas == 0 and found.endpoints == []
+    assert found.last_error == f"ProgressDeadlineExceeded: {timed_out}"
+
+
+def service_selector(server: KubeApiServer, workload: str) -> str:
+    selector = server.state.objects[("services", "llm", f"{workload}-engine")]["spec"]["selector"]
+    return ",".join(f"{key}={value}" for key, value in selector.items())
+
+
+def test_the_route_never_names_a_spec_whose_pods_are_not_answering(kube, chat):
+    converge(chat)
+    name = f"cp-{chat.pk}-chat"
+    kube.state.lagging.add(name)
+    Deployment.objects.filter(pk=chat.pk).update(engine_overrides={"max_num_seqs": 8})
+    converge(chat)
+    found = target(chat)
+    assert found.status == "degraded" and found.ready_replicas == 0 and found.endpoints == []
+    # The old ReplicaSet's pods still run, but the Service selects only pods of the new spec.
+    assert kube.state.pods("llm", f"app.kubernetes.io/instance={name}")
+    assert kube.state.pods("llm", service_selector(kube, name)) == []
+    kube.state.lagging.clear()
+    converge(chat)
+    found = target(chat)
+    assert found.status == "ready" and found.endpoints == [f"http://{name}-engine.llm.svc.cluster.local:8000"]
+    assert len(kube.state.pods("llm", service_selector(kube, name))) == 1
+
+
+def test_two_revisions_of_a_deployment_coexist_with_their_own_names_and_selectors(kube, chat):
+    converge(chat)
+    stable = target(chat)
+    DeploymentTarget.objects.create(
+        deployment=chat, region=stable.region, role=TargetRole.CANDIDATE, revision=1, version=chat.version
+    )
+    converge(chat)
+    baseline, candidate = f"cp-{chat.pk}-chat", f"cp-{chat.pk}-chat-r1"
+    targets = {t.revision: t for t in DeploymentTarget.objects.filter(deployment=chat)}
+    assert [t.status for t in targets.values()] == ["ready", "ready"]
+    assert targets[0].endpoints == [f"http://{baseline}-engine.llm.svc.cluster.local:8000"]
+    assert targets[1].endpoints == [f"http://{candidate}-engine.llm.svc.cluster.local:8000"]
+    for workload, revision in ((baseline, "0"), (candidate, "1")):
+        stored = kube.state.objects[("deployments", "llm", workload)]
+        assert stored["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/instance": workload}
+        assert stored["spec"]["template"]["metadata"]["labels"]["controlplane.io/revision"] == revision
+        selected = kube.state.pods("llm", service_selector(kube, workload))
+        assert [pod["metadata"]["name"] for pod in selected] == [f"{workload}-abc10"]
+    assert SPEC_LABEL in kube.state.objects[("services", "llm", f"{candidate}-engine")]["spec"]["selector"]

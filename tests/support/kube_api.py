@@ -4,8 +4,11 @@ It keeps Deployments, Services and Pods in memory and answers the calls the offi
 server-side apply (PATCH application/apply-patch+yaml with fieldManager), merge patches (what
 ``kubectl scale`` sends), GET, LIST with label selectors, DELETE, with complete objects (uid,
 resourceVersion, generation, status) since client 37 validates responses. A Deployment becomes ready as
-soon as it is applied, unless the test holds it or injects a pod problem. Every request is logged, so a
-test can assert that a no-op reconcile pass wrote nothing.
+soon as it is applied, unless the test holds it or injects a pod problem. Its generation grows with
+every spec change; a test can keep the Deployment controller from acting on one (``lagging``: status and
+pods stay those of the template it last rolled out) and set status fields itself (``status_overrides``:
+observedGeneration, replicas, updatedReplicas, readyReplicas, conditions). Every request is logged, so
+a test can assert that a no-op reconcile pass wrote nothing.
 """
 
 import copy
@@ -77,81 +80,100 @@ class KubeState:
         self.held: set[str] = set()  # deployments that must not become ready
         self.pod_problems: dict[str, dict[str, Any]] = {}  # deployment name → waiting state
         self.down = False  # when set, every connection is dropped without an answer (a network failure)
+        self.lagging: set[str] = set()  # deployments whose controller has not acted on the latest change
+        self.status_overrides: dict[str, dict[str, Any]] = {}  # deployment name → status fields
+        self.rolled_out: dict[str, dict[str, Any]] = {}  # name → template labels and status last rolled out
 
     def writes(self) -> list[tuple[str, str]]:
         return [r for r in self.requests if r[0] in {"PATCH", "PUT", "POST", "DELETE"}]
 
     def refresh_status(self, obj: dict[str, Any]) -> None:
         if obj["kind"] == "Deployment":
-            name, want = obj["metadata"]["name"], obj["spec"].get("replicas", 1)
-            ready = 0 if name in self.held or name in self.pod_problems else want
-            obj["status"] = {
-                "observedGeneration": obj["metadata"]["generation"],
-                "replicas": want,
-                "updatedReplicas": want,
-                "readyReplicas": ready,
-                "availableReplicas": ready,
-                "conditions": [
-                    {
-                        "type": "Available",
-                        "status": "True" if ready >= want else "False",
-                        "lastUpdateTime": _now(),
-                        "lastTransitionTime": _now(),
-                        "reason": "MinimumReplicasAvailable",
-                        "message": "",
-                    }
-                ],
-            }
+            name = obj["metadata"]["name"]
+            if name not in self.lagging or name not in self.rolled_out:
+                labels = obj["spec"].get("template", {}).get("metadata", {}).get("labels", {})
+                self.rolled_out[name] = {"labels": labels, "status": self._deployment_status(obj)}
+            status = copy.deepcopy(self.rolled_out[name]["status"])
+            obj["status"] = {**status, **self.status_overrides.get(name, {})}
         elif obj["kind"] == "Service":
             obj["spec"].setdefault("clusterIP", "10.96.0.10")
             obj["status"] = {"loadBalancer": {}}
 
+    def _deployment_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        name, want = obj["metadata"]["name"], obj["spec"].get("replicas", 1)
+        ready = 0 if name in self.held or name in self.pod_problems else want
+        return {
+            "observedGeneration": obj["metadata"]["generation"],
+            "replicas": want,
+            "updatedReplicas": want,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True" if ready >= want else "False",
+                    "lastUpdateTime": _now(),
+                    "lastTransitionTime": _now(),
+                    "reason": "MinimumReplicasAvailable",
+                    "message": "",
+                }
+            ],
+        }
+
     def pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
+        """One pod per replica the controller last rolled out, labelled from the template it rolled out."""
         wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
         pods = []
         for (kind, pod_ns, name), obj in self.objects.items():
-            labels = obj["metadata"].get("labels", {})
-            if kind != "deployments" or pod_ns != ns or any(labels.get(k) != v for k, v in wanted.items()):
+            if kind != "deployments" or pod_ns != ns:
                 continue
-            waiting = self.pod_problems.get(name)
-            status: dict[str, Any] = {"phase": "Pending" if waiting else "Running", "conditions": []}
-            if not waiting and name not in self.held:
-                status.update(_started_pod(obj["metadata"]["creationTimestamp"]))
-            if waiting and waiting.get("reason") == "Unschedulable":
-                status["conditions"] = [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": waiting.get("message", ""),
-                    }
-                ]
-            elif waiting:
-                status["containerStatuses"] = [
-                    {
-                        "name": "vllm",
-                        "ready": False,
-                        "restartCount": 3,
-                        "image": "x",
-                        "imageID": "",
-                        "state": {"waiting": waiting},
-                    }
-                ]
-            pods.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "status": status,
-                    "metadata": {
-                        "name": f"{name}-abc12",
-                        "namespace": ns,
-                        "labels": labels,
-                        "uid": str(uuid.uuid4()),
-                    },
-                    "spec": {"containers": [{"name": "vllm", "image": "x"}]},
-                }
-            )
+            seen = self.rolled_out.get(name, {})
+            labels = seen.get("labels") or obj["metadata"].get("labels", {})
+            if any(labels.get(k) != v for k, v in wanted.items()):
+                continue
+            count = max(1, seen.get("status", {}).get("replicas", 1))
+            pods += [self._pod(ns, name, obj, labels, index) for index in range(count)]
         return pods
+
+    def _pod(
+        self, ns: str, name: str, obj: dict[str, Any], labels: dict[str, str], index: int
+    ) -> dict[str, Any]:
+        waiting = self.pod_problems.get(name)
+        status: dict[str, Any] = {"phase": "Pending" if waiting else "Running", "conditions": []}
+        if not waiting and name not in self.held:
+            status.update(_started_pod(obj["metadata"]["creationTimestamp"]))
+        if waiting and waiting.get("reason") == "Unschedulable":
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": waiting.get("message", ""),
+                }
+            ]
+        elif waiting:
+            status["containerStatuses"] = [
+                {
+                    "name": "vllm",
+                    "ready": False,
+                    "restartCount": 3,
+                    "image": "x",
+                    "imageID": "",
+                    "state": {"waiting": waiting},
+                }
+            ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "status": status,
+            "metadata": {
+                "name": f"{name}-abc1{index}",
+                "namespace": ns,
+                "labels": labels,
+                "uid": str(uuid.uuid4()),
+            },
+            "spec": {"containers": [{"name": "vllm", "image": "x"}]},
+        }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -276,6 +298,8 @@ class Handler(BaseHTTPRequestHandler):
         ns, kind, name, _ = route
         with self.state.lock:
             removed = self.state.objects.pop((kind, ns, name), None)
+            if kind == "deployments" and name is not None:
+                self.state.rolled_out.pop(name, None)
         if removed is None:
             return self._status(404, "NotFound", f'{kind} "{name}" not found')
         if kind == "services":  # the API answers a Service deletion with the object, others with a Status
