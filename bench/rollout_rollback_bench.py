@@ -52,8 +52,8 @@ from routing import services as routing  # noqa: E402
 from tests.support.factories import MembershipFactory, TenantFactory, UserFactory  # noqa: E402
 from tests.support.principals import principal  # noqa: E402
 from tests.support.processes import free_port, wait_for  # noqa: E402
-from tests.support.rollouts import next_version  # noqa: E402
 from tests.support.regions import tiny_version  # noqa: E402
+from tests.support.rollouts import next_version  # noqa: E402
 
 
 def converge(deployment) -> None:  # type: ignore[no-untyped-def]
