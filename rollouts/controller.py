@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import UsageRecord
-from regions.choices import TargetRole, TargetStatus
+from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import DeploymentTarget, Region
 from registry.choices import ReportOutcome
 from registry.selectors import latest_report
@@ -48,6 +48,9 @@ def advance(rollout_id: int, now: datetime | None = None) -> str:
     now = now or timezone.now()
     rollout = Rollout.objects.select_related("deployment", "candidate__model", "baseline").get(pk=rollout_id)
     if rollout.state not in (R.PENDING, R.PROGRESSING, R.PAUSED):
+        return rollout.state
+    if rollout.deployment.state != DeploymentState.ACTIVE:
+        rollback(rollout, R.ABORTED, f"{rollout.deployment} is being deleted")
         return rollout.state
     if rollout.state == R.PENDING:
         _begin(rollout, now)

@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.core.validators import URLValidator
 from rest_framework import serializers
 
 from core.api.conventions import StrictSerializer
@@ -28,7 +29,9 @@ class RolloutWriteSerializer(StrictSerializer):
     on_failure = serializers.ChoiceField(choices=OnFailure.choices, default=OnFailure.STAGED)
     rollback_window_seconds = serializers.IntegerField(min_value=0, max_value=7 * 24 * 3600, default=300)
     progress_deadline_seconds = serializers.IntegerField(min_value=1, max_value=24 * 3600, default=900)
-    webhook = serializers.URLField(max_length=500, required=False, default="")
+    webhook = serializers.URLField(
+        max_length=500, required=False, default="", validators=[URLValidator(schemes=["http", "https"])]
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         by_deployment = "deployment" in attrs

@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core.choices import Scope
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import Conflict, InvalidTransition, NotFound, ValidationFailed
 from core.principal import Principal
 from core.residency import residency_of, residency_refusal, weights_of
 from core.services.audit import audit_record
@@ -27,8 +27,8 @@ from registry.services.access import may_promote
 from registry.services.lifecycle import version_transition
 from rollouts import plan, tasks
 from rollouts.analysis import SpecError, parse_spec
-from rollouts.choices import ACTIVE_STATES, OnFailure, RolloutState, Strategy
-from rollouts.models import Rollout
+from rollouts.choices import ACTIVE_STATES, OnFailure, RolloutState, Strategy, Verdict
+from rollouts.models import AnalysisRun, Rollout
 from rollouts.services.machine import candidate_targets, event, promote, rollback, rollout_transition
 
 R = RolloutState
@@ -220,15 +220,29 @@ def rollout_resume(*, actor: Principal, rollout: Rollout, now: datetime | None =
     """Go on from a pause: an open pause (or an inconclusive step a person has looked at) counts as done."""
     _require(actor, rollout)
     now = now or timezone.now()
+    if rollout.state != R.PAUSED:
+        raise InvalidTransition(f"{rollout} is {rollout.state}; only a paused rollout resumes.")
     with transaction.atomic():
-        step = rollout.step
-        if rollout.state == R.PAUSED and step < len(rollout.steps) and "pause" in rollout.steps[step]:
-            step += 1  # the pause the rollout waited in is over
+        step = rollout.step + 1 if _waits_for_a_person(rollout) else rollout.step
         rollout_transition(rollout, R.PROGRESSING, step=step, step_started_at=now)
         event(rollout, "resumed", f"resumed by {actor.name}")
         audit_record(actor=actor, action="rollout.resumed", target=rollout, tenant=rollout.owner)
         transaction.on_commit(partial(tasks.advance_rollout.delay, rollout.pk))
     return rollout
+
+
+def _waits_for_a_person(rollout: Rollout) -> bool:
+    """The step is an open pause, or its analysis was inconclusive: resuming passes it. Any other step
+    (a person paused in the middle of a judged pause) starts over, so no analysis is skipped."""
+    if rollout.step >= len(rollout.steps):
+        return False
+    pause = plan.pause_of(rollout.steps[rollout.step])
+    if pause is None:
+        return False
+    unsure = AnalysisRun.objects.filter(
+        rollout=rollout, wave=rollout.wave, step=rollout.step, verdict=Verdict.INCONCLUSIVE
+    )
+    return not pause.judged or unsure.exists()
 
 
 def rollout_abort(*, actor: Principal, rollout: Rollout, reason: str) -> Rollout:

@@ -47,7 +47,12 @@ ANALYSIS = {
     "metrics": [
         {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 1.5},
         {"metric": "error_rate", "source": "gateway", "stat": "rate", "max_increase": 0.02},
-        {"metric": "vllm:time_to_first_token_seconds", "source": "prometheus", "stat": "p95", "max_ratio": 1.5},
+        {
+            "metric": "vllm:time_to_first_token_seconds",
+            "source": "prometheus",
+            "stat": "p95",
+            "max_ratio": 1.5,
+        },
     ],
 }
 
@@ -72,7 +77,11 @@ class Clients:
             headers = {"Authorization": f"Bearer {self.token}", "x-session-id": uuid.uuid4().hex}
             try:
                 with requests.post(
-                    f"{self.gateway.url}/v1/chat/completions", json=body, headers=headers, stream=True, timeout=60
+                    f"{self.gateway.url}/v1/chat/completions",
+                    json=body,
+                    headers=headers,
+                    stream=True,
+                    timeout=60,
                 ) as reply:
                     complete = reply.status_code == 200 and any(
                         line == b"data: [DONE]" for line in reply.iter_lines()
@@ -97,7 +106,12 @@ class Clients:
 
 
 def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_one(
-    world, make_region, tiny_model_dir, live_server, prometheus, tmp_path  # noqa: F811
+    world,
+    make_region,
+    tiny_model_dir,
+    live_server,
+    prometheus,
+    tmp_path,  # noqa: F811
 ):
     prometheus_url, scrape = prometheus
     region = make_region("eu-west-1", "EU", engine="vllm")
@@ -140,10 +154,12 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             prom = [m for r in runs for m in r.measurements if m["source"] == "prometheus"]
             assert prom and all(m["candidate_samples"] > 0 and m["baseline_samples"] > 0 for m in prom)
             wait_for(
-                lambda: converge(deployment)
-                or not DeploymentTarget.objects.filter(deployment=deployment, role=TargetRole.RETIRING)
-                .exclude(status="deleted")
-                .exists(),
+                lambda: (
+                    converge(deployment)
+                    or not DeploymentTarget.objects.filter(deployment=deployment, role=TargetRole.RETIRING)
+                    .exclude(status="deleted")
+                    .exists()
+                ),
                 timeout=60,
             )
 

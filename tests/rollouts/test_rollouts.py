@@ -218,3 +218,16 @@ def _pid_of(target: DeploymentTarget) -> int:
     folder = Path(target.region.driver_config["state_dir"]) / target_workload(target)
     (replica,) = sorted(folder.glob("replica-*.json"))
     return json.loads(replica.read_text())["pid"]
+
+
+def test_deleting_the_deployment_aborts_its_rollout(world, make_region, tiny_model_dir):
+    from regions.services.deployments import deployment_delete
+
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(actor=s.alice, deployment=s.deployment, version="2.0.0")
+    drive(rollout, {"progressing"})
+    deployment_delete(actor=s.alice, deployment=s.deployment)
+    controller.advance(rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == "aborted" and "deleted" in rollout.reason
+    assert ModelVersion.objects.get(pk=s.candidate.pk).status == "staged"
