@@ -1,8 +1,13 @@
-"""The route computation: residency is never crossed, whatever the regions, tenants and policies."""
+"""The route computation: residency is never crossed, whatever the regions, tenants and policies, and a
+rollout's candidate (the only thing a canary share or a shadow copy may reach) is named only where
+residency lets the tenant be served by the candidate's own version, one tier with its region's baseline."""
+
+from dataclasses import replace
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gateway import contract
 from routing.routes import Endpoint, Placement, TenantPolicy, route, route_table
 
 JURISDICTIONS = ["EU", "US", "CH", "UK"]
@@ -140,3 +145,92 @@ def test_price_breaks_a_tie_in_distance():
     cheap = replace(placement("eu-central-2", "EU", frankfurt), gpu_hour_price=Decimal("0.70"))
     regions = [e["region"] for e in route(policy, [dear, cheap])["endpoints"]]
     assert regions == ["eu-central-2", "eu-central-1"]
+
+
+@st.composite
+def rollout_worlds(draw):  # type: ignore[no-untyped-def]
+    """Random tenants and regions; in each region a stable revision and maybe a candidate whose version
+    has its own allowed jurisdictions (a candidate may be narrower or wider than its baseline)."""
+    regions = draw(st.lists(st.sampled_from(JURISDICTIONS), min_size=1, max_size=5))
+    tenants = [
+        TenantPolicy(f"t{n}", frozenset(draw(st.sets(st.sampled_from(JURISDICTIONS), max_size=3))))
+        for n in range(draw(st.integers(1, 3)))
+    ]
+    placements = []
+    for tenant in tenants:
+        stable_allowed = frozenset(draw(st.sets(st.sampled_from(JURISDICTIONS), max_size=4)))
+        candidate_allowed = frozenset(draw(st.sets(st.sampled_from(JURISDICTIONS), max_size=4)))
+        for index, jurisdiction in enumerate(regions):
+            base = Placement(
+                tenant=tenant.slug,
+                name="chat",
+                deployment_id=1,
+                version="m@1",
+                served_model="m",
+                artifact_sha256="0" * 64,
+                allowed_jurisdictions=stable_allowed,
+                region=f"r{index}-{jurisdiction.lower()}",
+                jurisdiction=jurisdiction,
+                region_active=True,
+                ready=draw(st.booleans()),
+                weights_verified=True,
+                endpoints=(Endpoint(f"http://{tenant.slug}-{index}-stable"),),
+                location=LOCATIONS[jurisdiction],
+            )
+            placements.append(base)
+            if draw(st.booleans()):
+                placements.append(
+                    replace(
+                        base,
+                        version="m@2",
+                        allowed_jurisdictions=candidate_allowed,
+                        ready=draw(st.booleans()),
+                        endpoints=(Endpoint(f"http://{tenant.slug}-{index}-candidate", draw(st.booleans())),),
+                        track=contract.CANDIDATE,
+                        traffic_percent=draw(st.integers(0, 100)),
+                        mirror_percent=draw(st.integers(0, 100)),
+                    )
+                )
+    return tenants, placements
+
+
+@given(rollout_worlds())
+def test_a_candidate_is_reachable_only_inside_residency_and_its_own_jurisdictions(world):  # type: ignore[no-untyped-def]
+    tenants, placements = world
+    table = route_table(tenants, placements)
+    by_url = {e.url: p for p in placements for e in p.endpoints}
+    for tenant in tenants:
+        for entry in table[tenant.slug]["models"].values():
+            candidates = [e for e in entry["endpoints"] if e["track"] == contract.CANDIDATE]
+            for endpoint in candidates:
+                served_by = by_url[endpoint["url"]]
+                assert served_by.version == "m@2" and served_by.jurisdiction in tenant.residency
+                assert served_by.jurisdiction in served_by.allowed_jurisdictions
+            # A split exists exactly where a candidate endpoint is listed, and shares its region's tier.
+            assert set(entry.get("splits", {})) == {e["region"] for e in candidates}
+            tiers = {}
+            for endpoint in entry["endpoints"]:
+                assert tiers.setdefault(endpoint["region"], endpoint["priority"]) == endpoint["priority"]
+
+
+def test_a_candidate_shares_its_regions_tier_and_carries_its_weights():
+    policy = TenantPolicy("acme", frozenset({"EU"}), home=(53.3, -6.3))
+    stable = placement("eu-west-1", "EU", (53.3, -6.3))
+    candidate = replace(
+        stable,
+        version="tiny@2.0.0",
+        endpoints=(Endpoint("http://eu-west-1-r1"),),
+        track=contract.CANDIDATE,
+        traffic_percent=25,
+        mirror_percent=10,
+    )
+    other = placement("eu-central-1", "EU", (50.1, 8.7))
+    entry = route(policy, [other, candidate, stable])
+    assert [(e["region"], e["priority"], e["track"]) for e in entry["endpoints"]] == [
+        ("eu-west-1", 0, "stable"),
+        ("eu-west-1", 0, "candidate"),
+        ("eu-central-1", 1, "stable"),
+    ]
+    assert entry["splits"] == {"eu-west-1": {"candidate": 25, "mirror": 10}}
+    unhealthy = replace(candidate, endpoints=(Endpoint("http://eu-west-1-r1", healthy=False),))
+    assert "splits" not in route(policy, [stable, unhealthy])  # nothing to split to: all baseline
