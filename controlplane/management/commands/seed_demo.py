@@ -4,6 +4,7 @@ import hashlib
 import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +25,7 @@ from regions.engines.tiny_model import write_tiny_model
 from regions.models import Deployment, Region
 from regions.services.deployments import deployment_create
 from regions.services.regions import region_create
-from registry.models import RegisteredModel
+from registry.models import ModelVersion, RegisteredModel
 from registry.services.lifecycle import version_transition
 from registry.services.models import model_register
 from registry.services.reports import report_submit
@@ -167,12 +168,24 @@ def seed_catalog(actor: Principal) -> None:
         license="Apache-2.0",
         description="A 2-layer random-weight Llama for demos and tests; vLLM serves it on a CPU.",
     )
-    if model.versions.exists():
-        return
+    if not model.versions.exists():
+        version = _tiny_release(actor, model, model_dir, "1.0.0")
+        for state in ("validating", "validated", "staged", "canary", "production"):
+            version_transition(
+                actor=actor, version=version, to=state, reason="demo catalog", override=state == "production"
+            )
+    if not model.versions.filter(version="1.1.0").exists():
+        # A next release, staged: what an operator (or CI) rolls out onto the demo deployment.
+        version = _tiny_release(actor, model, model_dir, "1.1.0")
+        for state in ("validating", "validated", "staged"):
+            version_transition(actor=actor, version=version, to=state, reason="demo catalog")
+
+
+def _tiny_release(actor: Principal, model: RegisteredModel, model_dir: Path, number: str) -> ModelVersion:
     version, _ = version_register(
         actor=actor,
         model=model,
-        version="1.0.0",
+        version=number,
         artifact_uri=f"file://{model_dir}",
         artifact_sha256=hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest(),
         artifact_size_bytes=sum(f.stat().st_size for f in model_dir.iterdir()),
@@ -202,10 +215,7 @@ def seed_catalog(actor: Principal) -> None:
         ],
     )
     report_submit(actor=actor, version=version, metrics={})
-    for state in ("validating", "validated", "staged", "canary", "production"):
-        version_transition(
-            actor=actor, version=version, to=state, reason="demo catalog", override=state == "production"
-        )
+    return version
 
 
 # What a newcomer finds running: the catalog model deployed for a demo tenant, and a little traffic.
