@@ -6,8 +6,9 @@
   split over the tenants that used it by their share of weighted tokens (prompt tokens count
   ``prompt_weight`` of a completion token), scaled by utilization; the unused share is idle cost (platform
   overhead), never spread over tenants.
-- Conservation: for every (region, hour) the attributed cents plus the idle cents equal the total cents;
-  rounding remainders go to the largest fractional parts, ties by tenant name (deterministic).
+- Evaluation capacity (a shadow candidate's GPUs) is the platform's ``EVALUATION`` cost, never a tenant's.
+- Conservation: for every (region, hour) the attributed cents plus the idle and evaluation cents equal the
+  total cents; rounding remainders go to the largest fractional parts, ties by tenant name (deterministic).
 """
 
 import bisect
@@ -21,6 +22,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 CENT = Decimal("0.01")
 HOUR = timedelta(hours=1)
 IDLE = ""  # the tenant key of idle cost
+EVALUATION = "(evaluation)"  # the tenant key of rollouts' evaluation cost (never a slug: no parentheses)
 
 
 @dataclass(frozen=True)

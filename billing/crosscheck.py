@@ -3,7 +3,8 @@
 The engines count every token they process (``vllm:prompt_tokens_total``, ``vllm:generation_tokens_total``);
 the gateway records the tokens of the requests it routed. A gap means traffic that bypassed the gateway,
 records lost on the way, or an engine restart inside the window (its counter starts again from zero and
-the growth before the restart is not counted here).
+the growth before the restart is not counted here). Mirrored requests count here, unlike in any tenant's
+figures: the engines did process them.
 """
 
 import re

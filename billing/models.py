@@ -4,7 +4,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from billing.choices import PricingModel
+from billing.choices import PricingModel, UsageTrack
+from regions.choices import TargetPurpose
 
 
 class UsageRecord(models.Model):
@@ -14,7 +15,9 @@ class UsageRecord(models.Model):
     apart as ``client_request_id``, meaningful only within its tenant (two tenants may send the same one).
 
     Region, deployment, version and artifact checksum are copied from the route the gateway used, so a
-    request id traces to exactly what served it even after the deployment moves on.
+    request id traces to exactly what served it even after the deployment moves on. ``track`` says which
+    revision served it during a rollout; a ``mirror`` record is a shadow copy the client never saw: it is
+    evidence for the rollout's analysis and the platform's evaluation cost, never billed to the tenant.
     """
 
     request_id = models.CharField(max_length=64, unique=True)
@@ -34,6 +37,8 @@ class UsageRecord(models.Model):
     latency_ms = models.FloatField()
     attempts = models.PositiveSmallIntegerField(default=1)
     stream = models.BooleanField(default=False)
+    track = models.CharField(max_length=16, choices=UsageTrack.choices, default=UsageTrack.STABLE)
+    ttft_ms = models.FloatField(null=True, blank=True)  # to the answer's first byte; None: none came
     started_at = models.DateTimeField()
     hour = models.DateTimeField()  # started_at truncated to the UTC hour: the reports' bucket, stored
     received_at = models.DateTimeField(default=timezone.now)
@@ -44,6 +49,10 @@ class UsageRecord(models.Model):
             models.Index(fields=["tenant", "started_at"]),
             models.Index(fields=["started_at"]),
             models.Index(fields=["tenant", "client_request_id"], name="usage_tenant_client_id"),
+            # A rollout's analysis: one version's requests in one region of one deployment, in a window.
+            models.Index(
+                fields=["deployment", "region", "version", "started_at"], name="usage_rollout_window"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -81,15 +90,22 @@ class GpuPrice(models.Model):
 
 
 class CapacitySegment(models.Model):
-    """GPUs a deployment held in a region from ``started_at`` to ``ended_at`` (open while it still does).
+    """GPUs one revision of a deployment held in a region from ``started_at`` to ``ended_at`` (open while
+    it still does).
 
-    The reconciler closes the open segment and opens a new one whenever the count changes (scale, crash,
-    restart, delete), so GPU-seconds are exact to the reconcile that saw the change.
+    The reconciler closes the open segment and opens a new one whenever the count, the version or the
+    purpose changes (scale, crash, restart, delete, a shadow candidate put to serving), so GPU-seconds are
+    exact to the reconcile that saw the change. During a rollout a region has one open segment per live
+    revision (stable, candidate, a draining retiring one). ``purpose`` says who pays: serving capacity
+    is the deployment owner's (or, shared, its users'), evaluation capacity (a shadow candidate's) is the
+    platform's.
     """
 
     deployment = models.ForeignKey("regions.Deployment", on_delete=models.CASCADE, related_name="capacity")
     version = models.ForeignKey("registry.ModelVersion", on_delete=models.PROTECT, related_name="capacity")
     region = models.ForeignKey("regions.Region", on_delete=models.PROTECT, related_name="capacity")
+    revision = models.PositiveIntegerField(default=0)  # the target's: one workload of the deployment
+    purpose = models.CharField(max_length=16, choices=TargetPurpose.choices, default=TargetPurpose.SERVING)
     gpu_type = models.CharField(max_length=32)
     gpus = models.PositiveIntegerField()
     started_at = models.DateTimeField()
@@ -100,14 +116,14 @@ class CapacitySegment(models.Model):
         indexes = [models.Index(fields=["region", "started_at"]), models.Index(fields=["ended_at"])]
         constraints = [
             models.UniqueConstraint(
-                fields=["deployment", "region"],
+                fields=["deployment", "region", "revision"],
                 condition=models.Q(ended_at__isnull=True),
-                name="one_open_segment",
+                name="one_open_segment_per_revision",
             )
         ]
 
     def __str__(self) -> str:
-        return f"{self.deployment_id}@{self.region_id}: {self.gpus} × {self.gpu_type}"
+        return f"{self.deployment_id}r{self.revision}@{self.region_id}: {self.gpus} × {self.gpu_type}"
 
 
 class BudgetAlert(models.Model):

@@ -1,7 +1,8 @@
-"""Cost reports from the database: capacity segments × prices, usage per hour, attribution, idle GPUs.
+"""Cost reports from the database: capacity segments × prices, usage per hour, attribution, idle GPUs, and
+the platform's evaluation line (rollouts' shadow candidates and the requests mirrored to them).
 
-The usage side is one GROUP BY over usage records per (deployment, region, tenant, version, hour), which
-is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
+The usage side is one GROUP BY over usage records per (deployment, region, tenant, version, hour, track),
+which is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
 """
 
 from collections import defaultdict
@@ -16,9 +17,20 @@ from django.db import connection, transaction
 from django.db.models import Count, Q, Sum
 from django.utils import timezone
 
-from billing.costing import IDLE, Price, PriceBook, Segment, attribute, round_region_hour, segment_costs
+from billing.choices import UsageTrack
+from billing.costing import (
+    EVALUATION,
+    IDLE,
+    Price,
+    PriceBook,
+    Segment,
+    attribute,
+    round_region_hour,
+    segment_costs,
+)
 from billing.models import CapacitySegment, GpuPrice, UsageRecord
 from core.models import Tenant
+from regions.choices import TargetPurpose
 from regions.models import GpuPool, Region
 
 MONTH_HOURS = Decimal(730)
@@ -28,7 +40,7 @@ MONTH_HOURS = Decimal(730)
 class Line:
     """One row of the finest grain: (tenant, region, deployment, version, hour)."""
 
-    tenant: str  # "" for idle capacity
+    tenant: str  # "" for idle capacity, EVALUATION for rollouts' evaluation capacity and mirrored requests
     region: str
     deployment: str
     version: str
@@ -95,11 +107,11 @@ def prices_now(now: datetime | None = None) -> Callable[[Region, str], Decimal |
 
 
 def usage_query(start: datetime, end: datetime) -> Any:
-    """Requests and tokens per (deployment, region, tenant, version, hour): plain columns, no join and no
-    expression, so PostgreSQL can estimate the groups and aggregate them in a hash table."""
+    """Requests and tokens per (deployment, region, tenant, version, hour, track): plain columns, no join and
+    no expression, so PostgreSQL can estimate the groups and aggregate them in a hash table."""
     return (
         UsageRecord.objects.filter(started_at__gte=start, started_at__lt=end)
-        .values("deployment_id", "region", "tenant_id", "version", "hour")
+        .values("deployment_id", "region", "tenant_id", "version", "hour", "track")
         .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
         .order_by()
     )
@@ -123,38 +135,96 @@ def capacity_tokens(gpu_type: str, gpu_hours: Decimal) -> Decimal:
     return gpu_hours * Decimal(per_gpu_hour.get(gpu_type, per_gpu_hour["default"]))
 
 
+Where = tuple[int, str, datetime]  # (deployment id, region code, hour)
+Costs = dict[tuple[int, str, datetime], tuple[Decimal, Decimal]]  # (segment id, region, hour) → hours, cost
+
+
+def _serving(segment: CapacitySegment) -> bool:
+    return segment.purpose == TargetPurpose.SERVING
+
+
 def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Report:
-    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle separated.
+    """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle and evaluation apart.
+
+    Mirrored requests (a shadow candidate's copies, which the client never saw) are no tenant's: they
+    neither count as a tenant's tokens nor weigh in a shared deployment's split; they and the evaluation
+    capacity they ran on make the platform's ``EVALUATION`` lines.
 
     Capacity still held counts up to ``now`` (default ``end``), never beyond: the caller passes the clock
     in, so a report never reads the wall clock."""
     segments, about = _segments(start, end, now or end)
     costs = segment_costs(segments, _prices(), start, end)
     usage = usage_by_hour(start, end)
-    tokens: dict[tuple[int, str, datetime], dict[str, tuple[int, int]]] = defaultdict(dict)
+    billed = [row for row in usage if row["track"] != UsageTrack.MIRROR]
+    tokens = _tokens(billed)
+    capacity = _serving_capacity(costs, about)
+    weight = Decimal(str(settings.BILLING_PROMPT_TOKEN_WEIGHT))
+    report = Report(start, end, settings.BILLING_CURRENCY)
+    _add_costs(report, _shares(costs, about, tokens, capacity, weight), about, costs)
+    _add_usage(report, billed, about)
+    _add_usage(report, [row for row in usage if row["track"] == UsageTrack.MIRROR], about, EVALUATION)
+    serving = {key: value for key, value in costs.items() if _serving(about[key[0]])}
+    _utilization(report, capacity, about, tokens, weight)
+    _held(report, [s for s in segments if _serving(about[s.key])], about, serving)
+    return report
+
+
+Shares = dict[tuple[str, datetime], dict[tuple[int, str], Decimal]]  # (region, hour) → (segment, tenant)
+
+
+def _shares(
+    costs: Costs,
+    about: dict[int, Any],
+    tokens: dict[Where, dict[str, tuple[int, int]]],
+    capacity: dict[Where, Decimal],
+    weight: Decimal,
+) -> Shares:
+    """Each segment-hour's cost by tenant, unrounded: serving capacity attributed, evaluation capacity the
+    platform's."""
+    by_region_hour: Shares = defaultdict(dict)
+    for (segment_id, region, hour), (_, cost) in costs.items():
+        segment = about[segment_id]
+        where = (segment.deployment_id, region, hour)
+        if _serving(segment):
+            deployment = segment.deployment
+            used = tokens.get(where, {})
+            shares = attribute(cost, deployment.owner.slug, deployment.shared, used, capacity[where], weight)
+        else:
+            shares = {EVALUATION: cost}
+        bucket = by_region_hour[(region, hour)]
+        for tenant, share in shares.items():
+            bucket[(segment_id, tenant)] = bucket.get((segment_id, tenant), Decimal(0)) + share
+    return by_region_hour
+
+
+def _tokens(usage: list[dict[str, Any]]) -> dict[Where, dict[str, tuple[int, int]]]:
+    """Billed (prompt, completion) tokens per deployment, region and hour, by tenant."""
+    tokens: dict[Where, dict[str, tuple[int, int]]] = defaultdict(dict)
     for row in usage:
         where = (row["deployment_id"], row["region"], row["hour"])
         prompt, completion = tokens[where].get(row["tenant__slug"], (0, 0))
         tokens[where][row["tenant__slug"]] = (prompt + row["prompt"], completion + row["completion"])
-    weight = Decimal(str(settings.BILLING_PROMPT_TOKEN_WEIGHT))
-    report = Report(start, end, settings.BILLING_CURRENCY)
-    by_region_hour: dict[tuple[str, datetime], dict[tuple[int, str], Decimal]] = defaultdict(dict)
-    hours_of: dict[tuple[int, str, datetime], Decimal] = {}
-    for (segment_id, region, hour), (gpu_hours, cost) in costs.items():
+    return tokens
+
+
+def _serving_capacity(costs: Costs, about: dict[int, Any]) -> dict[Where, Decimal]:
+    """Weighted tokens a deployment's serving GPUs could have served in a region-hour, over all its
+    revisions there: during a canary the stable and the candidate segment share one hour's tokens, so each
+    is judged against the pair's capacity (judging each alone would bill the tokens twice)."""
+    capacity: dict[Where, Decimal] = defaultdict(Decimal)
+    for (segment_id, region, hour), (gpu_hours, _) in costs.items():
         segment = about[segment_id]
-        used = tokens.get((segment.deployment_id, region, hour), {})
-        shares = attribute(
-            cost,
-            segment.deployment.owner.slug,
-            segment.deployment.shared,
-            used,
-            capacity_tokens(segment.gpu_type, gpu_hours),
-            weight,
-        )
-        bucket = by_region_hour[(region, hour)]
-        for tenant, share in shares.items():
-            bucket[(segment_id, tenant)] = bucket.get((segment_id, tenant), Decimal(0)) + share
-        hours_of[(segment_id, region, hour)] = gpu_hours
+        if _serving(segment):
+            capacity[(segment.deployment_id, region, hour)] += capacity_tokens(segment.gpu_type, gpu_hours)
+    return capacity
+
+
+def _name(segment: CapacitySegment) -> str:
+    return f"{segment.deployment.owner.slug}/{segment.deployment.name}"
+
+
+def _add_costs(report: Report, by_region_hour: Shares, about: dict[int, Any], costs: Costs) -> None:
+    """Cost lines, each region-hour rounded to cents together (conservation)."""
     for (region, hour), joint in by_region_hour.items():
         for (segment_id, tenant), cents in round_region_hour(joint).items():
             segment = about[segment_id]
@@ -162,35 +232,27 @@ def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Rep
                 Line(
                     tenant=tenant,
                     region=region,
-                    deployment=f"{segment.deployment.owner.slug}/{segment.deployment.name}",
+                    deployment=_name(segment),
                     version=f"{segment.version.model.name}@{segment.version.version}",
                     hour=hour,
                     cost=cents,
-                    gpu_hours=hours_of[(segment_id, region, hour)] if tenant != IDLE else Decimal(0),
+                    gpu_hours=costs[(segment_id, region, hour)][0] if tenant != IDLE else Decimal(0),
                 )
             )
-    _add_usage(report, usage, about)
-    _utilization(report, costs, about, tokens, weight)
-    _held(report, segments, about, costs)
-    return report
 
 
-def _held(report: Report, segments: list[Segment], about: dict[int, Any], costs: Any) -> None:
-    """How long each deployment held GPUs in the window (the union of its segments, clipped) and what that
-    cost: a deployment that exists for 7 minutes of a 24-hour window is judged on those 7 minutes."""
-
-    def name(segment_id: int) -> str:
-        segment = about[segment_id]
-        return f"{segment.deployment.owner.slug}/{segment.deployment.name}"
-
+def _held(report: Report, segments: list[Segment], about: dict[int, Any], costs: Costs) -> None:
+    """How long each deployment held serving GPUs in the window (the union of its segments, clipped) and
+    what that cost: a deployment that exists for 7 minutes of a 24-hour window is judged on those 7
+    minutes. Evaluation capacity is the platform's, so it is not the owner's to save."""
     spans: dict[tuple[str, str], list[tuple[datetime, datetime]]] = defaultdict(list)
     for segment in segments:
         lo, hi = max(segment.start, report.start), min(segment.end, report.end)
         if lo < hi:
-            spans[(name(segment.key), segment.region)].append((lo, hi))
+            spans[(_name(about[segment.key]), segment.region)].append((lo, hi))
     cost: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     for (segment_id, region, _), (_, amount) in costs.items():
-        cost[(name(segment_id), region)] += amount
+        cost[(_name(about[segment_id]), region)] += amount
     report.held = {key: (_covered_hours(found), cost[key]) for key, found in spans.items()}
 
 
@@ -205,12 +267,15 @@ def _covered_hours(spans: list[tuple[datetime, datetime]]) -> Decimal:
     return Decimal(str(seconds)) / Decimal(3600)
 
 
-def _add_usage(report: Report, usage: list[dict[str, Any]], about: dict[int, Any]) -> None:
-    names = {s.deployment_id: f"{s.deployment.owner.slug}/{s.deployment.name}" for s in about.values()}
+def _add_usage(
+    report: Report, usage: list[dict[str, Any]], about: dict[int, Any], tenant: str | None = None
+) -> None:
+    """Usage lines, each the tenant's own, or all under ``tenant`` (the platform's mirrored requests)."""
+    names = {s.deployment_id: _name(s) for s in about.values()}
     for row in usage:
         report.lines.append(
             Line(
-                tenant=row["tenant__slug"],
+                tenant=tenant if tenant is not None else row["tenant__slug"],
                 region=row["region"],
                 deployment=names.get(row["deployment_id"], str(row["deployment_id"])),
                 version=row["version"],
@@ -222,16 +287,24 @@ def _add_usage(report: Report, usage: list[dict[str, Any]], about: dict[int, Any
         )
 
 
-def _utilization(report: Report, costs: Any, about: dict[int, Any], tokens: Any, weight: Decimal) -> None:
-    capacity: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
+def _utilization(
+    report: Report,
+    capacity: dict[Where, Decimal],
+    about: dict[int, Any],
+    tokens: dict[Where, dict[str, tuple[int, int]]],
+    weight: Decimal,
+) -> None:
+    """Billed weighted tokens over serving capacity per (deployment, region), across the window; each
+    region-hour's tokens counted once however many segments it had."""
+    names = {s.deployment_id: _name(s) for s in about.values()}
+    held: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
     used: dict[tuple[str, str], Decimal] = defaultdict(Decimal)
-    for (segment_id, region, hour), (gpu_hours, _) in costs.items():
-        segment = about[segment_id]
-        name = f"{segment.deployment.owner.slug}/{segment.deployment.name}"
-        capacity[(name, region)] += capacity_tokens(segment.gpu_type, gpu_hours)
-        for prompt, completion in tokens.get((segment.deployment_id, region, hour), {}).values():
-            used[(name, region)] += weight * prompt + completion
-    report.utilization = {k: min(Decimal(1), used[k] / v) if v else Decimal(0) for k, v in capacity.items()}
+    for (deployment_id, region, hour), amount in capacity.items():
+        key = (names[deployment_id], region)
+        held[key] += amount
+        for prompt, completion in tokens.get((deployment_id, region, hour), {}).values():
+            used[key] += weight * prompt + completion
+    report.utilization = {k: min(Decimal(1), used[k] / v) if v else Decimal(0) for k, v in held.items()}
 
 
 def spent_by_tenant(report: Report) -> dict[str, Decimal]:
@@ -240,6 +313,19 @@ def spent_by_tenant(report: Report) -> dict[str, Decimal]:
     for line in report.lines:
         spent[line.tenant] += line.cost
     return dict(spent)
+
+
+def evaluation(report: Report) -> dict[str, Any]:
+    """The platform's evaluation line: what shadow rollouts cost (their candidates' GPUs) and the requests
+    mirrored to them, none of it billed to a tenant."""
+    lines = [line for line in report.lines if line.tenant == EVALUATION]
+    return {
+        "cost": sum((line.cost for line in lines), Decimal(0)),
+        "gpu_hours": sum((line.gpu_hours for line in lines), Decimal(0)).quantize(Decimal("0.001")),
+        "requests": sum(line.requests for line in lines),
+        "prompt_tokens": sum(line.prompt_tokens for line in lines),
+        "completion_tokens": sum(line.completion_tokens for line in lines),
+    }
 
 
 DEFAULT_THRESHOLDS = [50, 80, 100]

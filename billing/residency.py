@@ -1,6 +1,11 @@
 """The usage check: a request served where residency does not let its tenant be served (a stale route table,
 a misbehaving gateway) is billed all the same, because usage is billing data, but audited and logged, so a
-breach is seen instead of silent. The rule is ``core.residency``, as everywhere else."""
+breach is seen instead of silent. A mirrored copy is checked like any request (it carried the tenant's
+prompt), though never billed. The rule is ``core.residency``, as everywhere else.
+
+During a rollout a deployment serves two versions, whose weights may be allowed in different places: a
+record is judged by the version it names (``model@version``), the deployment's own only when that one is
+not found."""
 
 import logging
 from collections import defaultdict
@@ -13,18 +18,20 @@ from core.principal import Principal
 from core.residency import residency_of, residency_refusal, weights_of
 from core.services.audit import audit_record
 from regions.models import Deployment, Region
+from registry.models import ModelVersion
 
 log = logging.getLogger(__name__)
 SYSTEM = Principal.system("billing", source=AuditSource.TASK)
 
 
 def usage_outside_residency(records: Iterable[UsageRecord]) -> list[tuple[UsageRecord, str]]:
-    """(record, why) for each record whose region residency forbids for its tenant and deployment's version;
-    records whose deployment or region is gone cannot be judged and are left out."""
+    """(record, why) for each record whose region residency forbids for its tenant and the version it names
+    (else its deployment's); records whose deployment or region is gone cannot be judged and are left out."""
     records = list(records)
     deployments = Deployment.objects.select_related("version__model__owner").in_bulk(
         {r.deployment_id for r in records if r.deployment_id}
     )
+    served = _versions_named(records, deployments)
     jurisdiction = dict(
         Region.objects.filter(code__in={r.region for r in records}).values_list("code", "jurisdiction")
     )
@@ -34,14 +41,37 @@ def usage_outside_residency(records: Iterable[UsageRecord]) -> list[tuple[UsageR
         deployment = deployments.get(record.deployment_id) if record.deployment_id else None
         if deployment is None or record.region not in jurisdiction:
             continue
+        version = served.get((deployment.model_id, _version_part(record.version)), deployment.version)
         why = residency_refusal(
-            weights_of(deployment.version),
+            weights_of(version),
             jurisdiction[record.region],
             serving=residency_of(tenants[record.tenant_id]),
         )
         if why is not None:
             found.append((record, why))
     return found
+
+
+def _version_part(named: str) -> str:
+    """``owner/model@1.2.0`` → ``1.2.0`` (a version string has no ``@``)."""
+    return named.rpartition("@")[2]
+
+
+def _versions_named(
+    records: list[UsageRecord], deployments: dict[int, Deployment]
+) -> dict[tuple[int, str], ModelVersion]:
+    """The versions the records name, of their deployments' models, in one query."""
+    wanted = {
+        (deployments[r.deployment_id].model_id, _version_part(r.version))
+        for r in records
+        if r.deployment_id in deployments and r.version
+    }
+    if not wanted:
+        return {}
+    found = ModelVersion.objects.select_related("model__owner").filter(
+        model_id__in={model for model, _ in wanted}, version__in={version for _, version in wanted}
+    )
+    return {(v.model_id, v.version): v for v in found if (v.model_id, v.version) in wanted}
 
 
 def audit_usage_outside_residency(records: Iterable[UsageRecord]) -> int:

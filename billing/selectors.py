@@ -7,6 +7,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.utils import timezone
 
 from billing import reports
+from billing.choices import UsageTrack
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from core.choices import Scope
 from core.errors import NotFound
@@ -59,8 +60,10 @@ def budget_alerts(principal: Principal) -> QuerySet[BudgetAlert]:
 
 
 def usage_rates(principal: Principal, *, now: datetime, window: timedelta) -> dict[str, float]:
-    """Requests and tokens per second over the ``window`` before ``now``, of the usage the caller sees."""
+    """Requests and tokens per second over the ``window`` before ``now``, of the usage the caller sees;
+    mirrored copies are no client's requests and are left out."""
     found = usage_for(principal).filter(started_at__gte=now - window, started_at__lt=now)
+    found = found.exclude(track=UsageTrack.MIRROR)
     totals = found.aggregate(
         requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens")
     )

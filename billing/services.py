@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from billing.choices import PricingModel
+from billing.choices import PricingModel, UsageTrack
 from billing.costing import CENT
 from billing.models import BudgetAlert, GpuPrice, UsageRecord
 from billing.reports import build, month_bounds, spent_by_tenant, thresholds_of
@@ -98,9 +98,11 @@ def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecor
         status=status,
         prompt_tokens=_whole(record, "prompt_tokens", 0, 2**31 - 1),
         completion_tokens=_whole(record, "completion_tokens", 0, 2**31 - 1),
-        latency_ms=_milliseconds(record.get("latency_ms", 0)),
+        latency_ms=_milliseconds(record, "latency_ms") or 0.0,
+        ttft_ms=_milliseconds(record, "ttft_ms"),
         attempts=_whole(record, "attempts", 1, 32767, default=1),
         stream=stream,
+        track=_track(record),
         started_at=started,
         hour=started.astimezone(UTC).replace(minute=0, second=0, microsecond=0),
     )
@@ -131,13 +133,28 @@ def _whole(record: dict[str, Any], field: str, low: int, high: int, default: int
     return number
 
 
-def _milliseconds(value: Any) -> float:
+def _milliseconds(record: dict[str, Any], field: str) -> float | None:
+    """A duration of at most a day; None when absent or null."""
+    value = record.get(field)
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError("latency_ms must be a number")
+        raise ValueError(f"{field} must be a number")
     number = float(value)
     if not 0 <= number <= 86_400_000:  # also refuses NaN and infinity
-        raise ValueError("latency_ms must be between 0 and 86400000")
+        raise ValueError(f"{field} must be between 0 and 86400000")
     return number
+
+
+def _track(record: dict[str, Any]) -> str:
+    """Absent or null is stable (a gateway from before rollouts); anything but the three is refused, since a
+    mirrored request counted as stable would be billed to a tenant who never saw it."""
+    value = record.get("track")
+    if value is None:
+        return UsageTrack.STABLE
+    if not isinstance(value, str) or value not in UsageTrack.values:
+        raise ValueError(f"track must be one of {', '.join(UsageTrack.values)}")
+    return value
 
 
 def price_set(

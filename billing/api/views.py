@@ -91,16 +91,21 @@ class CostReportView(PrincipalMixin):
     )
     def get(self, request: Request) -> Response:
         """``?month=2026-11&group_by=tenant,region,version,day[&export=csv]``: GPU cost attributed to
-        tenants (operators also see idle capacity), tokens, cost per 1M tokens, the hosted-API price."""
+        tenants (operators also see idle capacity and the evaluation line of shadow rollouts, tenant
+        ``(evaluation)``), tokens, cost per 1M tokens, the hosted-API price. Mirrored requests are no
+        tenant's."""
         period, group_by = _period(request), _group_by(request)
         tenants = selectors.cost_tenants(self.principal)
         start, end = reports.month_bounds(period)
         now = timezone.now()
-        rows = reports.summarize(reports.build(start, min(end, now), now=now), group_by, tenants)
+        report = reports.build(start, min(end, now), now=now)
+        rows = reports.summarize(report, group_by, tenants)
         if request.query_params.get("export") == "csv":
             return _csv(rows, f"costs-{period}.csv")  # type: ignore[return-value]
         total = sum((r["cost"] for r in rows), Decimal(0))
         body = {"month": period, "currency": settings.BILLING_CURRENCY, "total": total, "rows": rows}
+        if tenants is None:  # operators: the platform's own cost of shadow rollouts, also among the rows
+            body["evaluation"] = reports.evaluation(report)
         return Response(_exact(body))
 
 

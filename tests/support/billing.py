@@ -3,8 +3,13 @@
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 from billing.models import CapacitySegment, GpuPrice, UsageRecord
+from core.principal import Principal
+from registry.models import ModelVersion, RegisteredModel
+from tests.support.regions import TINY_ENGINE_ARGS
+from tests.support.registry import register
 
 HISTORY = datetime(2025, 6, 10, 8, tzinfo=UTC)  # a fixed past moment, inside one month
 
@@ -30,8 +35,17 @@ def gpu_history(world, chat, hours: int = 10, price: str = "2.50", start: dateti
     hourly_usage(world.tenant_a, chat, start, hours, prompt=100, completion=50)
 
 
-def hourly_usage(tenant, deployment, start, hours: int, prompt: int, completion: int) -> None:  # type: ignore[no-untyped-def]
-    """One request in each of ``hours`` hours from ``start``, in eu-west-1."""
+def hourly_usage(  # type: ignore[no-untyped-def]
+    tenant,
+    deployment,
+    start,
+    hours: int,
+    prompt: int,
+    completion: int,
+    version: str = "tiny-llama@1.0.0",
+    track: str = "stable",
+) -> None:
+    """One request in each of ``hours`` hours from ``start``, in eu-west-1, served by ``track``."""
     UsageRecord.objects.bulk_create(
         UsageRecord(
             request_id=uuid.uuid4().hex,
@@ -39,7 +53,8 @@ def hourly_usage(tenant, deployment, start, hours: int, prompt: int, completion:
             model_name=deployment.name,
             region="eu-west-1",
             deployment=deployment,
-            version="tiny-llama@1.0.0",
+            version=version,
+            track=track,
             status=200,
             prompt_tokens=prompt,
             completion_tokens=completion,
@@ -48,4 +63,44 @@ def hourly_usage(tenant, deployment, start, hours: int, prompt: int, completion:
             hour=start + timedelta(hours=n),
         )
         for n in range(hours)
+    )
+
+
+def held(  # type: ignore[no-untyped-def]
+    deployment, version, start: datetime, hours: int, revision: int = 0, purpose: str = "serving"
+) -> CapacitySegment:
+    """One L4 GPU held by a revision of ``deployment`` in its first region for ``hours`` from ``start``."""
+    return CapacitySegment.objects.create(
+        deployment=deployment,
+        version=version,
+        region=deployment.targets.order_by("revision").first().region,
+        revision=revision,
+        purpose=purpose,
+        gpu_type="L4",
+        gpus=1,
+        started_at=start,
+        ended_at=start + timedelta(hours=hours),
+    )
+
+
+def tiny_candidate(actor: Principal, model: RegisteredModel, model_dir: Path) -> ModelVersion:
+    """Version 2.0.0 of the tiny model (``tests.support.regions.tiny_version``), a rollout's candidate."""
+    return register(
+        model,
+        actor,
+        "2.0.0",
+        artifact_uri=f"file://{model_dir}",
+        served_model_name="tiny",
+        parameter_count=3_000_000,
+        dtype="float32",
+        max_context_length=512,
+        engine_args=TINY_ENGINE_ARGS,
+        architecture={
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+        },
+        allowed_jurisdictions=["EU", "US"],
+        artifact_manifest=[],
     )
