@@ -3,7 +3,9 @@
 For fast tests and for demo machines without the memory for real engines; the integration tests run the
 real vLLM. It answers /health, /version, /v1/models, /v1/chat/completions and /v1/completions (plain and
 streamed as server-sent events), /v1/embeddings and /metrics with the ``vllm:*`` series a router reads.
-Tokens are counted roughly (4 characters each) and the text is random words.
+Tokens are counted roughly (4 characters each) and the text is random words. Time to first token is a
+real ``vllm:time_to_first_token_seconds`` histogram with vLLM's buckets; ``--ttft-delay`` adds seconds
+before every first token, to make one engine measurably slower than another.
 
     python -m regions.engines.simulator --model DIR --served-model-name NAME --port 8000 [vLLM flags...]
 """
@@ -18,13 +20,37 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 WORDS = ["the", "a", "model", "region", "token", "answer", "serve", "latency", "cluster", "weights", "cache"]
+# vLLM's own bounds (vllm/v1/metrics/buckets.py), so that analyses read the simulator as they read vLLM.
+TTFT_BUCKETS = (
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    *(20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative buckets by upper bound, then +Inf, a count and a sum."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds, self.counts, self.sum = bounds, [0] * (len(bounds) + 1), 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[next((i for i, le in enumerate(self.bounds) if value <= le), len(self.bounds))] += 1
+        self.sum += value
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        lines, total = [f"# TYPE {name} histogram"], 0
+        for le, count in zip([*map(repr, self.bounds), "+Inf"], self.counts, strict=True):
+            total += count
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {float(total)}')
+        return [*lines, f"{name}_count{{{labels}}} {float(total)}", f"{name}_sum{{{labels}}} {self.sum}"]
 
 
 class Engine:
-    def __init__(self, name: str, max_model_len: int):
-        self.name, self.max_model_len = name, max_model_len
+    def __init__(self, name: str, max_model_len: int, ttft_delay: float = 0.0):
+        self.name, self.max_model_len, self.ttft_delay = name, max_model_len, ttft_delay
         self.lock = threading.Lock()
         self.prompt_tokens = self.generation_tokens = self.requests_ok = self.running = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
 
     def metrics(self) -> str:
         labels = f'engine="0",model_name="{self.name}"'
@@ -42,7 +68,15 @@ class Engine:
             "# TYPE vllm:request_success_total counter",
             f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(self.requests_ok)}',
         ]
+        with self.lock:
+            lines += self.ttft.lines("vllm:time_to_first_token_seconds", labels)
         return "\n".join(lines) + "\n"
+
+    def first_token(self, arrived: float) -> None:
+        """Wait out ``--ttft-delay``, then record the time from the request's arrival to its first token."""
+        time.sleep(self.ttft_delay)
+        with self.lock:
+            self.ttft.observe(time.monotonic() - arrived)
 
     def count(self, prompt: int, completion: int) -> None:
         with self.lock:
@@ -126,6 +160,7 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}})
 
     def do_POST(self) -> None:
+        arrived = time.monotonic()
         try:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         except ValueError:
@@ -147,9 +182,9 @@ class Handler(BaseHTTPRequestHandler):
             self.engine.running += 1
         try:
             if body.get("stream"):
-                self._stream(body, chat, prompt, completion)
+                self._stream(body, chat, prompt, completion, arrived)
             else:
-                self._complete(chat, prompt, completion)
+                self._complete(chat, prompt, completion, arrived)
         finally:
             with self.engine.lock:
                 self.engine.running -= 1
@@ -159,7 +194,8 @@ class Handler(BaseHTTPRequestHandler):
     def _usage(self, prompt: int, completion: int) -> dict[str, int]:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    def _complete(self, chat: bool, prompt: int, completion: int) -> None:
+    def _complete(self, chat: bool, prompt: int, completion: int, arrived: float) -> None:
+        self.engine.first_token(arrived)
         text = " ".join(random.choice(WORDS) for _ in range(completion))
         choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
@@ -175,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
             },
         )
 
-    def _stream(self, body: dict[str, Any], chat: bool, prompt: int, completion: int) -> None:
+    def _stream(self, body: dict[str, Any], chat: bool, prompt: int, completion: int, arrived: float) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -188,6 +224,8 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         for n in range(completion):
+            if n == 0:
+                self.engine.first_token(arrived)
             piece = random.choice(WORDS) + " "
             delta = {"delta": {"content": piece}} if chat else {"text": piece}
             finish = "length" if n == completion - 1 else None
@@ -244,9 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--startup-delay", type=float, default=0.0, help="seconds of pretend weight loading")
+    parser.add_argument(
+        "--ttft-delay", type=float, default=0.0, help="seconds added before every first token"
+    )
     args, _ = parser.parse_known_args(argv)  # every other vLLM flag is accepted and ignored
     time.sleep(args.startup_delay)  # like vLLM, the port is not listening while "loading"
-    Handler.engine = Engine((args.served_model_name or [args.model])[0], args.max_model_len)
+    name = (args.served_model_name or [args.model])[0]
+    Handler.engine = Engine(name, args.max_model_len, ttft_delay=args.ttft_delay)
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"simulated engine serving {Handler.engine.name} on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()

