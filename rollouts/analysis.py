@@ -470,6 +470,7 @@ def _metric(raw: object, path: str, errors: dict[str, list[str]]) -> MetricSpec 
     if not isinstance(raw, dict):
         errors[path] = ["must be an object"]
         return None
+    raw = {k: v for k, v in raw.items() if not (k in THRESHOLDS and v is None)}  # null: not set (asdict's)
     for key in sorted(set(raw) - {"metric", "source", "stat", *THRESHOLDS}, key=str):
         errors.setdefault(f"{path}.{key}", []).append("unknown field")
     name, source = raw.get("metric"), raw.get("source")

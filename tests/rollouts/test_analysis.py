@@ -4,6 +4,7 @@ human; the same rules on vLLM's binned histograms; and every malformed spec refu
 import json
 import math
 import random
+from dataclasses import asdict
 
 import pytest
 from scipy.stats import mannwhitneyu
@@ -229,6 +230,7 @@ def test_a_missing_or_empty_spec_is_the_default_and_a_spec_round_trips():
     assert spec.metrics[1] == MetricSpec("vllm:num_requests_waiting", PROMETHEUS, "mean", max_increase=2.0)
     assert (spec.alpha, spec.min_samples, spec.quality_gate) == (0.01, 30, True)
     assert parse_spec(json.loads(json.dumps(spec.as_dict()))) == spec
+    assert parse_spec(json.loads(json.dumps(asdict(spec)))) == spec  # a threshold that is null is not set
 
 
 TTFT_RAW = {"metric": "ttft", "max_ratio": 1.1}
