@@ -41,6 +41,8 @@ from routing.services import publish
 log = logging.getLogger(__name__)
 R = RolloutState
 DONE_WEIGHT = 100  # a finished canary or blue-green wave serves from the candidate while later waves run
+# Gateways ship usage records every second or so: a window ending this long ago has all of its records.
+USAGE_GRACE = timedelta(seconds=3)
 
 
 def advance(rollout_id: int, now: datetime | None = None) -> str:
@@ -149,6 +151,8 @@ def _pause(rollout: Rollout, now: datetime, pause: plan.Pause) -> None:
         _served(rollout, code, sides[code][0], started, now) < pause.min_requests for code in sides
     ):
         return
+    if now - started <= USAGE_GRACE:
+        return
     _judge(rollout, now, started, sides)
 
 
@@ -165,7 +169,7 @@ def _judge(rollout: Rollout, now: datetime, started: datetime, sides: dict[str, 
             candidate=candidate,
             baseline=baseline,
             start=started,
-            end=now,
+            end=now - USAGE_GRACE,
         )
         quality = _quality_gate(rollout) if spec.quality_gate else ""
         found = FAILED if quality else verdict(measurements)
@@ -176,7 +180,7 @@ def _judge(rollout: Rollout, now: datetime, started: datetime, sides: dict[str, 
             region=code,
             defaults={
                 "window_start": started,
-                "window_end": now,
+                "window_end": now - USAGE_GRACE,
                 "verdict": found,
                 "measurements": [m.as_dict() for m in measurements],
                 "message": quality or _summary(measurements),

@@ -3,7 +3,7 @@ for the API, the console and tests; the moves themselves are in ``rollouts.servi
 ``rollouts.selectors``.
 """
 
-from dataclasses import asdict
+from dataclasses import replace
 from datetime import datetime
 from functools import partial
 from typing import Any
@@ -26,7 +26,7 @@ from registry.models import ModelVersion, RegisteredModel
 from registry.services.access import may_promote
 from registry.services.lifecycle import version_transition
 from rollouts import plan, tasks
-from rollouts.analysis import SpecError, parse_spec
+from rollouts.analysis import DEFAULT_SPEC, PROMETHEUS, AnalysisSpec, parse_spec
 from rollouts.choices import ACTIVE_STATES, OnFailure, RolloutState, Strategy, Verdict
 from rollouts.models import AnalysisRun, Rollout
 from rollouts.services.machine import candidate_targets, event, promote, rollback, rollout_transition
@@ -128,16 +128,32 @@ def _checked_plan(
         checked_waves = plan.parse_waves(waves, regions)
     except plan.PlanError as exc:
         raise ValidationFailed(exc.message, detail={exc.field: [exc.message]}) from exc
-    try:
-        spec = parse_spec(analysis)
-    except SpecError as exc:
-        raise ValidationFailed(f"analysis: {exc.message}", detail={"analysis": exc.detail}) from exc
+    spec = _spec_for(analysis, [code for wave in checked_waves for code in wave])
     return {
         "steps": checked_steps,
         "waves": checked_waves,
-        "analysis": asdict(spec),
+        "analysis": spec.as_dict(),
         "on_failure": on_failure,
     }
+
+
+def _spec_for(raw: Any, regions: list[str]) -> AnalysisSpec:
+    """The analysis spec (a SpecError is a ValidationFailed naming each field). Where a wave's region has no
+    Prometheus, the default spec judges by the gateway's records alone, and an explicit spec that reads
+    Prometheus there is refused: it could never be judged, only paused."""
+    spec = parse_spec(raw)
+    blind = sorted(Region.objects.filter(code__in=regions, prometheus_url="").values_list("code", flat=True))
+    reads_prometheus = any(m.source == PROMETHEUS for m in spec.metrics)
+    if not blind or not reads_prometheus:
+        return spec
+    if spec == DEFAULT_SPEC:
+        return replace(spec, metrics=tuple(m for m in spec.metrics if m.source != PROMETHEUS))
+    raise ValidationFailed(
+        f"{', '.join(blind)} has no Prometheus: judge it by gateway metrics only.",
+        detail={
+            "analysis.metrics": [f"prometheus metrics need a region's prometheus_url ({', '.join(blind)})"]
+        },
+    )
 
 
 def _check_window(rollback_window: Any, deadline: Any) -> None:

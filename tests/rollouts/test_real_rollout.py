@@ -24,14 +24,14 @@ from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
 from registry.models import ModelVersion
+from rollouts import controller
 from rollouts.models import AnalysisRun
 from rollouts.services import rollouts
-from routing import services as routing
 from routing import selectors as routing_selectors
+from routing import services as routing
 from tests.support.gateway import Gateway, gateway_secret
 from tests.support.principals import principal
 from tests.support.processes import wait_for
-from tests.support.prometheus import prometheus  # noqa: F401  (the fixture)
 from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets, tiny_version
 from tests.support.rollouts import drive, next_version
 
@@ -111,7 +111,7 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
     tiny_model_dir,
     live_server,
     prometheus,
-    tmp_path,  # noqa: F811
+    tmp_path,
 ):
     prometheus_url, scrape = prometheus
     region = make_region("eu-west-1", "EU", engine="vllm")
@@ -194,8 +194,6 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
 def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
     """Drive the rollout until its candidate is up, then point Prometheus at every engine."""
     converge(rollout.deployment)
-    from rollouts import controller
-
     controller.advance(rollout.pk)
     candidate = DeploymentTarget.objects.filter(
         deployment=rollout.deployment, role=TargetRole.CANDIDATE, status="ready"

@@ -1,0 +1,109 @@
+"""Judged pauses end in analysis runs on the gateway's own records: a slower candidate is rolled back, an
+equal one promoted, too little traffic pauses for a person; the clock is passed in."""
+
+import random
+from datetime import timedelta
+
+import pytest
+
+from billing.services import usage_ingest
+from core.errors import ValidationFailed
+from rollouts import controller
+from rollouts.models import AnalysisRun, Rollout
+from rollouts.services import rollouts
+from tests.support.principals import system
+from tests.support.rollouts import drive, stage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+TTFT_ONLY = {"min_samples": 30, "metrics": [{"metric": "ttft", "stat": "p95", "max_ratio": 1.10}]}
+STEPS = [{"set_weight": 50}, {"pause": {"seconds": 30, "min_requests": 30}}]
+
+
+def served(rollout: Rollout, version: str, track: str, ttft_ms: float, count: int, seed: int) -> None:
+    """``count`` streamed requests as a gateway records them, inside the step's window."""
+    rng = random.Random(seed)
+    start = rollout.step_started_at
+    records = [
+        {
+            "request_id": f"{track}-{seed}-{n}",
+            "tenant": "acme",
+            "model_name": "chat",
+            "region": "eu-west-1",
+            "deployment": rollout.deployment_id,
+            "version": f"tiny-llama@{version}",
+            "status": 200,
+            "completion_tokens": 16,
+            "ttft_ms": ttft_ms * rng.lognormvariate(0, 0.25),
+            "latency_ms": 400.0,
+            "stream": True,
+            "track": track,
+            "started_at": (start + timedelta(seconds=1 + n * 20 / count)).isoformat(),
+        }
+        for n in range(count)
+    ]
+    usage_ingest(actor=system(), records=records)
+
+
+def judged(world, make_region, tiny_model_dir, candidate_ms: float, count: int = 200) -> Rollout:  # type: ignore[no-untyped-def]
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
+    )
+    rollout = drive(rollout, {"progressing"})
+    while rollout.step == 0:  # the weight is set
+        drive(rollout, {"progressing"})
+    served(rollout, "1.0.0", "stable", 100.0, count, seed=1)
+    served(rollout, "2.0.0", "candidate", candidate_ms, count, seed=2)
+    controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=31))
+    rollout.refresh_from_db()
+    return rollout
+
+
+def test_a_candidate_twenty_percent_slower_is_rolled_back(world, make_region, tiny_model_dir):
+    rollout = judged(world, make_region, tiny_model_dir, candidate_ms=120.0)
+    assert rollout.state == "failed" and "analysis failed" in rollout.reason
+    (run,) = AnalysisRun.objects.filter(rollout=rollout)
+    (ttft,) = run.measurements
+    assert ttft["test"] == "mann_whitney_u" and ttft["p_value"] < 0.05 and ttft["verdict"] == "failed"
+    assert ttft["candidate_samples"] == 200 and ttft["baseline_samples"] == 200
+    assert ttft["candidate"] > ttft["baseline"] * 1.1
+
+
+def test_a_candidate_like_the_baseline_is_promoted(world, make_region, tiny_model_dir):
+    rollout = judged(world, make_region, tiny_model_dir, candidate_ms=100.0)
+    assert rollout.state == "progressing", rollout.reason
+    drive(rollout, {"succeeded"})
+    (run,) = AnalysisRun.objects.filter(rollout=rollout)
+    assert run.verdict == "successful"
+    assert rollout.candidate.status == "production"
+
+
+def test_too_little_traffic_pauses_for_a_person_who_may_resume(world, make_region, tiny_model_dir):
+    s = stage(world, make_region, tiny_model_dir)
+    steps = [{"set_weight": 50}, {"pause": {"seconds": 30}}]
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=steps, analysis=TTFT_ONLY
+    )
+    rollout = drive(rollout, {"progressing"})
+    while rollout.step == 0:
+        drive(rollout, {"progressing"})
+    served(rollout, "2.0.0", "candidate", 100.0, 5, seed=3)
+    controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=31))
+    rollout.refresh_from_db()
+    assert rollout.state == "paused" and "inconclusive" in rollout.reason
+    rollouts.rollout_resume(actor=s.alice, rollout=rollout)
+    assert rollout.step == 2  # the inconclusive step counts as passed once a person resumes
+
+
+def test_the_default_spec_in_a_region_without_prometheus_judges_by_the_gateway(
+    world, make_region, tiny_model_dir
+):
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(actor=s.alice, deployment=s.deployment, version="2.0.0")
+    assert {m["source"] for m in rollout.analysis["metrics"]} == {"gateway"}
+    rollout.delete()
+    prometheus_spec = {"metrics": [{"metric": "vllm:time_to_first_token_seconds", "max_ratio": 1.2}]}
+    with pytest.raises(ValidationFailed, match="has no Prometheus"):
+        rollouts.rollout_start(
+            actor=s.alice, deployment=s.deployment, version="2.0.0", analysis=prometheus_spec
+        )
