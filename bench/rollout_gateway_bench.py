@@ -1,4 +1,4 @@
-"""What a rollout costs at the gateway: the weighted split and the shadow mirror against today's route, one run.
+"""What a rollout costs at the gateway: the weighted split and the shadow mirror against today's route.
 
 Two fast fake engines (aiohttp answering a fixed chat completion, one process each: the stable revision
 and the candidate) sit behind `python -m gateway`, whose table (from a stub control plane) gives one tenant
@@ -67,7 +67,12 @@ def rollout_table(stable: int, candidate: int) -> dict[str, object]:
     splits = {"canary": (25, 0), "shadow": (25, 10), "idle": (0, 0)}
     for name, (weight, mirror) in splits.items():
         split = {"candidate": weight, "mirror": mirror}
-        shadow = {**base, "url": f"http://127.0.0.1:{candidate}", "version": "bench@2.0.0", "track": contract.CANDIDATE}
+        shadow = {
+            **base,
+            "url": f"http://127.0.0.1:{candidate}",
+            "version": "bench@2.0.0",
+            "track": contract.CANDIDATE,
+        }
         models[name] = {
             "endpoints": [{**base, "track": contract.STABLE}, shadow],
             "preferred": "local-1",
@@ -84,7 +89,9 @@ class Caller:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 
     def call(self, model: str) -> tuple[float, dict[str, str]]:
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+        body = json.dumps(
+            {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}
+        )
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}"}
         began = time.perf_counter()
         self.connection.request("POST", "/v1/chat/completions", body, headers)
@@ -114,16 +121,25 @@ def run_rounds(callers: dict[str, Caller], requests: int, size: int) -> tuple[di
 
 def choice_cost(table: dict[str, object]) -> dict[str, float]:
     """Microseconds per call of the gateway's endpoint choice and mirror decision, in this process."""
-    gateway = Gateway(Settings(control_plane="http://127.0.0.1:9", token="", cache_file=None, state_dir=Path(tempfile.mkdtemp())))
+    gateway = Gateway(
+        Settings(
+            control_plane="http://127.0.0.1:9", token="", cache_file=None, state_dir=Path(tempfile.mkdtemp())
+        )
+    )
     models = table["table"]["tenants"]["bench"]["models"]  # type: ignore[index]
     number = 20_000
     cost = {}
     for name in ("plain", "canary", "shadow", "idle"):
         route = models[name]
-        seconds = timeit.timeit(lambda: gateway._choose(route, set(), os.urandom(16).hex(), None, None), number=number)
+        seconds = timeit.timeit(
+            lambda route=route: gateway._choose(route, set(), os.urandom(16).hex(), None, None),
+            number=number,
+        )
         cost[f"choose ({name})"] = seconds / number * 1e6
     served = models["shadow"]["endpoints"][0]
-    seconds = timeit.timeit(lambda: mirror_target(models["shadow"], served, os.urandom(16).hex()), number=number)
+    seconds = timeit.timeit(
+        lambda: mirror_target(models["shadow"], served, os.urandom(16).hex()), number=number
+    )
     cost["mirror_target (shadow)"] = seconds / number * 1e6
     seconds = timeit.timeit(lambda: os.urandom(16).hex(), number=number)
     cost["(the random id alone)"] = seconds / number * 1e6
@@ -142,7 +158,9 @@ def gateway_metrics(port: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, default=3000, help="per side")
     parser.add_argument("--round", type=int, default=100, help="requests per side per round")
     parser.add_argument("--baseline", type=Path, help="a checkout whose gateway is measured on `plain` too")
@@ -154,7 +172,9 @@ def main() -> None:
 
     def start(cmd: list[str], **env: str) -> None:
         procs.append(
-            subprocess.Popen(cmd, env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                cmd, env={**os.environ, **env}, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         )
 
     try:
@@ -208,11 +228,17 @@ def main() -> None:
 
     direct = samples[SIDES[0]]
     floor_median, floor_p95 = statistics.median(direct), p95(direct)
-    print(f"\n{len(direct)} requests per side at concurrency 1, {wall:.0f} s, interleaved in rounds of {args.round}\n")
+    print(
+        f"\n{len(direct)} requests per side at concurrency 1, {wall:.0f} s, "
+        f"interleaved in rounds of {args.round}\n"
+    )
     print(f"{'side':<26} {'median':>9} {'p95':>9} {'added median':>13} {'added p95':>10}")
     for side in samples:
         median, high = statistics.median(samples[side]), p95(samples[side])
-        print(f"{side:<26} {median:>7.3f}ms {high:>7.3f}ms {median - floor_median:>11.3f}ms {high - floor_p95:>8.3f}ms")
+        print(
+            f"{side:<26} {median:>7.3f}ms {high:>7.3f}ms "
+            f"{median - floor_median:>11.3f}ms {high - floor_p95:>8.3f}ms"
+        )
     a = samples[SIDES[1]]
     for side in [*SIDES[2:], *([TODAY] if TODAY in samples else [])]:
         b = samples[side]
@@ -220,7 +246,9 @@ def main() -> None:
             f"{side} − (a): median {statistics.median(b) - statistics.median(a):+.3f} ms, "
             f"p95 {p95(b) - p95(a):+.3f} ms"
         )
-    print(f"\ncanary answers from the candidate: {candidate_answers / len(samples[SIDES[2]]):.1%} (split 25 %)")
+    print(
+        f"\ncanary answers from the candidate: {candidate_answers / len(samples[SIDES[2]]):.1%} (split 25 %)"
+    )
     print("gateway counters:", ", ".join(f"{k} {v:.0f}" for k, v in sorted(metrics.items())))
     print("\nin-process cost per call:")
     for name, micros in choice_cost(table).items():
