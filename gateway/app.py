@@ -15,10 +15,12 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
-from gateway.balancer import Ejections, candidates, pick
+from gateway.balancer import Ejections, candidates, mirror_target, on_track, pick, split_track, track_of
 from gateway.config import RouteCache, Settings
-from gateway.inbound import Refused, parse_payload, read_body
+from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
 from gateway.limits import Limits
+from gateway.metering import Outcome, spent_tokens, usage_record
+from gateway.mirror import MirrorCopy, Mirrors
 from gateway.streaming import EventFilter
 from gateway.usage import UsageShipper
 
@@ -47,6 +49,10 @@ class Gateway:
         self.limits = Limits()
         self.ejections = Ejections(settings.ejection_seconds)
         self.usage = UsageShipper(settings)
+        self.mirrors = Mirrors(settings, self.usage)
+        # Candidate attempts that failed before the first byte and were retried on the stable revision: the
+        # client's record names only the endpoint that answered, so this is where such failures show.
+        self.candidate_failures = 0
         self.fallback_salt_key = secrets.token_bytes(32)  # for a table without salts (an older control plane)
         self.session: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task[None]] = []
@@ -73,6 +79,7 @@ class Gateway:
         for task in self.tasks:
             task.cancel()
         if self.session is not None:
+            await self.mirrors.drain(timeout=1)  # their records go out with the last batch below
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
             self.usage.close()
@@ -102,10 +109,15 @@ class Gateway:
         if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
             return await reply.error(431, "The request headers are too large.", "headers_too_large")
         if path == "/healthz":
-            health = {"status": "ok", "generation": self.routes.generation, "usage": self.usage.stats()}
+            health = {
+                "status": "ok",
+                "generation": self.routes.generation,
+                "usage": self.usage.stats(),
+                "mirrors": self.mirrors.stats(),
+            }
             return await reply.json(200, health)
         if path == "/metrics":
-            return await reply.text(200, _metrics(self.usage.stats()))
+            return await reply.text(200, self._metrics_text())
         # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
         allowed = METHODS.get(path)
         if allowed is None:
@@ -128,6 +140,7 @@ class Gateway:
         try:
             body = await read_body(receive, headers, self.settings.max_body_bytes)
             payload = parse_payload(body, self.settings.max_json_depth)
+            preview = preview_track(headers)
         except Refused as bad:
             return await reply.error(bad.status, bad.message, bad.code)
         name = payload["model"]
@@ -147,7 +160,7 @@ class Gateway:
             return await reply.error(
                 429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
             )
-        await self._proxy(reply, tenant, name, route, path, payload, headers, view.get("limits", {}))
+        await self._proxy(reply, tenant, name, route, path, payload, headers, view.get("limits", {}), preview)
 
     def _authenticate(self, headers: dict[str, str]) -> str | None:
         auth = headers.get("authorization", "")
@@ -166,6 +179,7 @@ class Gateway:
         payload: dict[str, Any],
         headers: dict[str, str],
         limits: contract.TenantLimits,
+        preview: str | None,
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
@@ -173,28 +187,22 @@ class Gateway:
         if stream and path != "/v1/embeddings":
             # So the last event counts tokens; that usage-only event reaches the client only if it asked.
             payload.setdefault("stream_options", {})["include_usage"] = True
-        affinity = headers.get("x-session-id") or payload.get("user")
+        affinity = session_key(headers, payload)
         client_salt = payload.get("cache_salt")
         started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
         last_error = ""
         # Whatever happens from here on (an engine failing mid-stream, the client gone, a bug), the
         # request is metered once, in ``finally``, with the usage seen so far: N forwarded requests make
         # exactly N usage records.
-        seen: dict[str, Any] = {"usage": {}, "status": 502, "endpoint": None, "attempt": 0}
+        seen = Outcome()
         try:
             for attempt in range(1, self.settings.max_attempts + 1):
-                tier = candidates(route["endpoints"], self.ejections, tried)
-                if not tier:
+                endpoint = self._choose(route, tried, affinity or reply.request_id, affinity, preview)
+                if endpoint is None:
                     break
-                endpoint = pick(tier, affinity)
                 tried.add(endpoint["url"])
-                seen.update(endpoint=endpoint, attempt=attempt, usage={}, status=502)
-                payload["model"] = endpoint["served_model"]
-                salt = self._cache_salt(tenant, endpoint, path, client_salt)
-                if salt is None:
-                    payload.pop("cache_salt", None)
-                else:
-                    payload["cache_salt"] = salt
+                seen.restart(endpoint, attempt)
+                self._address(payload, tenant, endpoint, path, client_salt)
                 try:
                     await self._forward(reply, endpoint, path, payload, stream, asked_for_usage, seen)
                 except (TimeoutError, aiohttp.ClientError, Upstream5xx) as exc:
@@ -202,20 +210,61 @@ class Gateway:
                         raise
                     if reply.started:  # bytes already reached the client: nothing safe to retry
                         log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
-                        seen["status"] = 502
+                        seen.status = 502
                         return
                     self.ejections.eject(endpoint["url"])
                     last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
+                    preview = self._after_failure(endpoint, preview)
                     continue
                 return
-            seen["status"] = 502
+            seen.status = 502
             await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
         except BaseException:
-            seen["status"] = 499 if reply.client_gone else 502
+            seen.status = 499 if reply.client_gone else 502
             raise
         finally:
-            if seen["endpoint"] is not None:
+            if seen.endpoint is not None:
                 self._meter(reply, tenant, name, headers, limits, seen, started, wall, stream)
+                self._mirror(reply, tenant, name, route, path, payload, client_salt, seen, stream)
+
+    def _choose(
+        self,
+        route: contract.Route,
+        tried: set[str],
+        split_key: str,
+        affinity: str | None,
+        preview: str | None,
+    ) -> contract.Endpoint | None:
+        """The endpoint for the next attempt: the tier, then the revision there, then the engine."""
+        tier = candidates(route["endpoints"], self.ejections, tried)
+        if not tier:
+            return None
+        track = split_track(tier, route.get("splits", {}), split_key, preview)
+        return pick(on_track(tier, track), affinity)
+
+    def _after_failure(self, endpoint: contract.Endpoint, preview: str | None) -> str | None:
+        """The revision the next attempt asks for: after a candidate failed, the stable one, so a failing
+        candidate never fails a client's request (even at 100 % or under a preview header)."""
+        if track_of(endpoint) != contract.CANDIDATE:
+            return preview
+        self.candidate_failures += 1
+        return contract.STABLE
+
+    def _address(
+        self,
+        payload: dict[str, Any],
+        tenant: str,
+        endpoint: contract.Endpoint,
+        path: str,
+        client_salt: str | None,
+    ) -> None:
+        """Rewrite the payload for this endpoint: the name its engine answers to, its cache salt."""
+        payload["model"] = endpoint["served_model"]
+        salt = self._cache_salt(tenant, endpoint, path, client_salt)
+        if salt is None:
+            payload.pop("cache_salt", None)
+        else:
+            payload["cache_salt"] = salt
 
     def _meter(
         self,
@@ -224,39 +273,56 @@ class Gateway:
         name: str,
         headers: dict[str, str],
         limits: contract.TenantLimits,
-        seen: dict[str, Any],
+        seen: Outcome,
         started: float,
         wall: datetime,
         stream: bool,
     ) -> None:
         """The request's one usage record (and its tokens against the tenant's limits); never raises."""
-        endpoint: contract.Endpoint = seen["endpoint"]
-        usage = seen["usage"]
-        prompt, completion = usage_tokens(usage, "prompt_tokens"), usage_tokens(usage, "completion_tokens")
         try:
-            self.limits.spend_tokens(tenant, limits, prompt + completion)
+            self.limits.spend_tokens(tenant, limits, spent_tokens(seen))
         except Exception:  # the record matters more than the limiter
             log.exception("could not count tokens against %s's limits", tenant)
-        self.usage.record(
-            {
-                "request_id": reply.request_id,
-                "client_request_id": client_request_id(headers),
-                "tenant": tenant,
-                "model_name": name,
-                "region": endpoint["region"],
-                "deployment": endpoint["deployment"],
-                "version": endpoint["version"],
-                "artifact_sha256": endpoint.get("artifact_sha256", ""),
-                "endpoint": endpoint["url"],
-                "status": seen["status"],
-                "prompt_tokens": prompt,
-                "completion_tokens": completion,
-                "latency_ms": round((time.perf_counter() - started) * 1e3, 2),
-                "attempts": seen["attempt"],
-                "stream": stream,
-                "started_at": wall.isoformat(),
-            }
+        assert seen.endpoint is not None
+        record = usage_record(
+            request_id=reply.request_id,
+            client_request_id=client_request_id(headers),
+            tenant=tenant,
+            model_name=name,
+            outcome=seen,
+            track=track_of(seen.endpoint),
+            latency_ms=(time.perf_counter() - started) * 1e3,
+            stream=stream,
+            started_at=wall,
         )
+        self.usage.record(record)
+
+    def _mirror(
+        self,
+        reply: "Reply",
+        tenant: str,
+        name: str,
+        route: contract.Route,
+        path: str,
+        payload: dict[str, Any],
+        client_salt: str | None,
+        seen: Outcome,
+        stream: bool,
+    ) -> None:
+        """Copy a request the stable revision served to the candidate beside it, if its split says so. Runs
+        after the client's response is finished and only starts a task: it never delays or fails it."""
+        assert self.session is not None and seen.endpoint is not None
+        if seen.status >= 500 or reply.client_gone:
+            return  # not served: there is no answer to compare the candidate's with
+        try:
+            shadow = mirror_target(route, seen.endpoint, reply.request_id)
+            if shadow is None:
+                return
+            copy = dict(payload)  # the client's request is done: its payload is not written to again
+            self._address(copy, tenant, shadow, path, client_salt)
+            self.mirrors.send(self.session, MirrorCopy(tenant, name, shadow, path, copy, stream))
+        except Exception:  # a copy is never worth a client's request
+            log.exception("could not mirror %s", reply.request_id)
 
     def _cache_salt(
         self, tenant: str, endpoint: contract.Endpoint, path: str, client_salt: str | None
@@ -280,11 +346,12 @@ class Gateway:
         payload: dict[str, Any],
         stream: bool,
         forward_usage_chunk: bool,
-        seen: dict[str, Any],
+        seen: Outcome,
     ) -> None:
-        """Send the engine's answer on; ``seen`` gets its status and usage as soon as they are known."""
+        """Send the engine's answer on; ``seen`` gets its status, TTFT and usage as soon as they are known."""
         assert self.session is not None
         data = json.dumps(payload).encode()
+        sent = time.perf_counter()
         async with self.session.post(
             endpoint["url"] + path,
             data=data,
@@ -299,34 +366,36 @@ class Gateway:
             content_type = upstream.headers.get("Content-Type", "application/json")
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
-                seen["status"] = upstream.status
+                seen.status = upstream.status
                 events = EventFilter(forward_usage_chunk)
                 async for chunk in upstream.content.iter_any():
+                    if seen.ttft_ms is None:  # a stream's first event: what a user waits for
+                        seen.ttft_ms = (time.perf_counter() - sent) * 1e3
                     data = events.feed(chunk)
-                    seen["usage"] = events.usage  # tokens seen so far count even if the stream breaks
+                    seen.usage = events.usage  # tokens seen so far count even if the stream breaks
                     if data:
                         await reply.chunk(data)
                 await reply.chunk(events.flush(), more=False)
                 return
+            seen.ttft_ms = (time.perf_counter() - sent) * 1e3  # a whole answer's first byte: its headers
             body = await upstream.read()
-            seen["status"] = upstream.status
+            seen.status = upstream.status
             try:
-                seen["usage"] = json.loads(body).get("usage") or {}
+                seen.usage = json.loads(body).get("usage") or {}
             except (ValueError, AttributeError):
-                seen["usage"] = {}
+                seen.usage = {}
             await reply.start(upstream.status, content_type, extra, length=len(body))
             await reply.chunk(body, more=False)
 
-
-def usage_tokens(usage: Any, key: str) -> int:
-    """A token count from the engine's ``usage``, whatever it sent: a whole number in the control plane's
-    range, else 0 (null, a string, a negative or fractional count, ``usage`` not an object)."""
-    value = usage.get(key) if isinstance(usage, dict) else None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return 0
-    if value < 0 or value == float("inf"):
-        return 0
-    return min(int(value), 2**31 - 1)
+    def _metrics_text(self) -> str:
+        """Prometheus text: the usage spool; shadow copies (sent, dropped because too many were in flight,
+        failed: 5xx, timeout or no connection); candidate attempts retried on the stable revision."""
+        rollout = {"candidate_failures": self.candidate_failures}
+        return (
+            _exposition("gateway_usage_", self.usage.stats(), gauges={"backlog", "spool_bytes"})
+            + _exposition("gateway_mirrors_", self.mirrors.stats(), gauges={"in_flight"})
+            + _exposition("gateway_rollout_", rollout, gauges=set())
+        )
 
 
 def client_request_id(headers: dict[str, str]) -> str:
@@ -335,12 +404,11 @@ def client_request_id(headers: dict[str, str]) -> str:
     return "".join(c for c in raw if " " <= c <= "~")[:128]
 
 
-def _metrics(usage: dict[str, int]) -> str:
-    """Prometheus text exposition of the usage spool (the gateway's only metrics so far)."""
+def _exposition(prefix: str, values: dict[str, int], gauges: set[str]) -> str:
     lines = []
-    for name, value in usage.items():
-        kind = "gauge" if name in ("backlog", "spool_bytes") else "counter"
-        metric = f"gateway_usage_{name}" + ("_total" if kind == "counter" else "")
+    for name, value in values.items():
+        kind = "gauge" if name in gauges else "counter"
+        metric = prefix + name + ("_total" if kind == "counter" else "")
         lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
     return "\n".join(lines) + "\n"
 

@@ -1,10 +1,13 @@
-"""Choosing an endpoint: lowest priority tier first, weighted by load, optional session affinity."""
+"""Choosing an endpoint: lowest priority tier first, then (during a rollout) the revision, then weighted by
+load with optional session affinity; and which candidate, if any, gets a shadow copy of a request."""
 
 import hashlib
 import random
 import time
 
 from gateway import contract
+
+BUCKETS = 10_000  # a split's percent has two decimals of resolution: bucket < percent * 100
 
 
 class Ejections:
@@ -49,3 +52,60 @@ def pick(tier: list[contract.Endpoint], affinity: str | None) -> contract.Endpoi
     if len(tier) == 1:
         return tier[0]
     return random.choices(tier, weights=[e["weight"] for e in tier])[0]
+
+
+# --- rollouts --------------------------------------------------------------------------------------------
+def track_of(endpoint: contract.Endpoint) -> str:
+    return endpoint.get("track", contract.STABLE)  # an older control plane sends no track: all stable
+
+
+def bucket(*parts: object) -> int:
+    """A stable 0..9999 for these parts: the same on every gateway process, host and restart."""
+    digest = hashlib.blake2b("|".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % BUCKETS
+
+
+def split_track(
+    tier: list[contract.Endpoint], splits: dict[str, contract.Split], key: str, preview: str | None
+) -> str:
+    """The revision a request goes to in this tier's region: STABLE unless a rollout runs there and the
+    preview header or the key's bucket says CANDIDATE. A bucket below the weight is the candidate's, so
+    raising the weight only ever moves sessions from stable to candidate, never back."""
+    region = tier[0]["region"]  # the control plane makes each region one tier
+    split = splits.get(region)
+    rollout = [e["deployment"] for e in tier if track_of(e) == contract.CANDIDATE]
+    if split is None or not rollout:
+        return contract.STABLE
+    if preview is not None:
+        return preview
+    # Salted with the deployment and region, so one session is not the first 5 % of every rollout.
+    share = bucket(min(rollout), region, key)
+    return contract.CANDIDATE if share < split["candidate"] * 100 else contract.STABLE
+
+
+def on_track(tier: list[contract.Endpoint], track: str) -> list[contract.Endpoint]:
+    """The tier's endpoints of that revision, or the other revision's when it has none left: a missing or
+    failing candidate (or stable) never fails a request the region can still serve."""
+    return [e for e in tier if track_of(e) == track] or tier
+
+
+def mirror_target(
+    route: contract.Route, served: contract.Endpoint, request_id: str
+) -> contract.Endpoint | None:
+    """The candidate that gets a shadow copy of a request the stable revision served, if any: only ever one
+    in the served endpoint's own region and deployment, because the route table proves residency per
+    region (a candidate listed elsewhere was checked for other requests, not this one's region). A
+    candidate this process ejected still gets its copies: measuring how it fails is what they are for."""
+    region = served["region"]
+    split = route.get("splits", {}).get(region)
+    if track_of(served) != contract.STABLE or not split or split["mirror"] <= 0:
+        return None
+    if bucket("mirror", served["deployment"], region, request_id) >= split["mirror"] * 100:
+        return None
+    shadows = [
+        e
+        for e in route["endpoints"]
+        if (e["region"], e["deployment"]) == (region, served["deployment"])
+        and track_of(e) == contract.CANDIDATE
+    ]
+    return pick(shadows, None) if shadows else None

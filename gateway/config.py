@@ -30,6 +30,8 @@ class Settings:
     max_header_bytes: int = 64 * 2**10  # all request headers together; more is refused (431)
     state_dir: Path | None = None  # the usage spool; the cache file's directory, else ./var/gateway
     usage_interval_seconds: float = 1.0
+    max_mirrors_in_flight: int = 32  # shadow copies running at once; past it a copy is dropped (counted)
+    mirror_timeout_seconds: float = 30.0  # a shadow copy's whole exchange, far below a client's 600 s
 
     def usage_dir(self) -> Path:
         if self.state_dir is not None:
@@ -54,6 +56,8 @@ class Settings:
             max_header_bytes=int(os.environ.get("GATEWAY_MAX_HEADER_BYTES", str(64 * 2**10))),
             state_dir=Path(os.environ["GATEWAY_STATE_DIR"]) if os.environ.get("GATEWAY_STATE_DIR") else None,
             usage_interval_seconds=float(os.environ.get("GATEWAY_USAGE_INTERVAL_SECONDS", "1")),
+            max_mirrors_in_flight=int(os.environ.get("GATEWAY_MAX_MIRRORS_IN_FLIGHT", "32")),
+            mirror_timeout_seconds=float(os.environ.get("GATEWAY_MIRROR_TIMEOUT", "30")),
         )
 
 

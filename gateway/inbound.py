@@ -4,6 +4,12 @@ proxied endpoints need. Every refusal is a ``Refused`` carrying the HTTP status 
 import json
 from typing import Any
 
+from gateway import contract
+
+PREVIEW_HEADER = "x-rollout-track"
+TRACKS = (contract.STABLE, contract.CANDIDATE)
+LONGEST_SESSION_KEY = 256  # longer keys are cut: two sessions alike that far only share a revision
+
 
 class Refused(Exception):
     def __init__(self, status: int, message: str, code: str = "invalid_request"):
@@ -70,3 +76,28 @@ def json_depth(value: Any) -> int:
         deepest = max(deepest, depth)
         stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def preview_track(headers: dict[str, str]) -> str | None:
+    """The revision a client asked for with ``x-rollout-track`` (blue-green preview), None when it did not.
+    The value is never echoed back: it is untrusted, and an error body is no place to reflect it."""
+    raw = headers.get(PREVIEW_HEADER, "")
+    if len(raw) > 32:
+        raise _bad_track()
+    value = raw.strip().lower()
+    if not value:
+        return None
+    if value not in TRACKS:
+        raise _bad_track()
+    return value
+
+
+def _bad_track() -> Refused:
+    return Refused(400, f"{PREVIEW_HEADER} must be 'stable' or 'candidate'.", "invalid_rollout_track")
+
+
+def session_key(headers: dict[str, str], payload: dict[str, Any]) -> str | None:
+    """What keeps a conversation on one engine and one revision: ``x-session-id``, else the body's
+    ``user``."""
+    key = headers.get("x-session-id") or payload.get("user")
+    return key[:LONGEST_SESSION_KEY] if isinstance(key, str) and key else None

@@ -14,6 +14,7 @@ from core.services.tokens import token_create
 from gateway import contract
 from gateway.app import Gateway, Reply
 from gateway.config import Settings
+from gateway.metering import Outcome
 from routing import services
 from routing.routes import Endpoint, Placement, TenantPolicy, route_table
 
@@ -91,7 +92,11 @@ def test_the_route_table_has_exactly_the_contracts_fields() -> None:
     assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
     assert set(route["endpoints"][0]) == _keys(contract.Endpoint)
     unserved = route_table(policies, [_placement(ready=False)])["acme"]["models"]["chat"]
-    assert set(unserved) == _keys(contract.Route)
+    assert set(unserved) == _keys(contract.Route) - {"splits"}  # no rollout: no splits
+    candidate = _placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
+    rolling = route_table(policies, [_placement(), candidate])["acme"]["models"]["chat"]
+    assert set(rolling) == _keys(contract.Route) - {"unavailable"}
+    assert set(rolling["splits"]["eu-west-1"]) == _keys(contract.Split)
 
 
 def test_a_published_table_has_exactly_the_contracts_parts(world) -> None:  # type: ignore[no-untyped-def]
@@ -110,7 +115,7 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     sent: list[contract.UsageRecord] = []
     gateway.usage.record = sent.append  # type: ignore[method-assign]
     route = route_table([TenantPolicy("acme", frozenset({"EU"}))], [_placement()])["acme"]["models"]["chat"]
-    seen = {"endpoint": route["endpoints"][0], "usage": {"prompt_tokens": 3}, "status": 200, "attempt": 1}
+    seen = Outcome(route["endpoints"][0], status=200, usage={"prompt_tokens": 3}, ttft_ms=12.5, attempt=1)
     gateway._meter(
         Reply(None, "r1"), "acme", "chat", {}, {}, seen, time.perf_counter(), datetime.now(UTC), False
     )

@@ -3,7 +3,7 @@ reports as ``usage`` and however the response ends (the engine failing mid-strea
 
 import pytest
 
-from gateway.app import usage_tokens
+from gateway.metering import usage_tokens
 from tests.support.gateway_harness import GatewayWorld
 
 

@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from gateway import contract
 from gateway.app import Gateway
 from gateway.config import Settings
 
@@ -32,6 +34,7 @@ def serve(answer: Callable[[BaseHTTPRequestHandler, bytes], None]) -> tuple[str,
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold the body 40 ms
 
         def do_GET(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
@@ -69,6 +72,9 @@ class FakeEngine:
     url: str = ""
     usage: Any = None  # what the engine reports as ``usage`` (None: the normal counts)
     break_stream: bool = False  # send the first event, then drop the connection mid-response
+    fail_status: int = 0  # answer every request with this status (a 5xx: a failing engine)
+    delay: float = 0.0  # seconds to think before answering (a slow engine)
+    hold: threading.Event | None = None  # answer only once this is set (an engine stuck until released)
 
     def start(self) -> "FakeEngine":
         self.url, self.server = serve(self.answer)
@@ -78,6 +84,12 @@ class FakeEngine:
         payload = json.loads(body)
         self.seen.append({"body": payload, "headers": dict(handler.headers)})
         usage = self.usage or {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if self.hold is not None:
+            self.hold.wait(timeout=60)
+        if self.delay:
+            time.sleep(self.delay)
+        if self.fail_status:
+            return reply(handler, self.fail_status, {"error": {"message": "engine failing"}})
         if self.break_stream:
             first = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "a"}}]}
             handler.send_response(200)
@@ -152,6 +164,28 @@ def endpoint(url: str, shared: bool = False) -> dict[str, Any]:
     }
 
 
+def rollout_endpoint(
+    url: str,
+    region: str = "eu-west-1",
+    track: str = contract.STABLE,
+    priority: int = 0,
+    deployment: int = 1,
+) -> dict[str, Any]:
+    """An endpoint of one revision: the stable one serves ``m@1``, the candidate ``m@2``."""
+    version = "m@2" if track == contract.CANDIDATE else "m@1"
+    return {**endpoint(url), "region": region, "priority": priority, "deployment": deployment} | {
+        "version": version,
+        "track": track,
+    }
+
+
+def rollout_route(endpoints: list[dict[str, Any]], splits: dict[str, dict[str, int]]) -> dict[str, Any]:
+    route: dict[str, Any] = {"endpoints": endpoints, "preferred": endpoints[0]["region"]}
+    if splits:
+        route["splits"] = splits
+    return route
+
+
 def route_table(engine_url: str) -> dict[str, Any]:
     dedicated = {"endpoints": [endpoint(engine_url)], "preferred": "eu-west-1"}
     shared = {"endpoints": [endpoint(engine_url, shared=True)], "preferred": "eu-west-1"}
@@ -188,6 +222,7 @@ class GatewayWorld:
 
     def __init__(self, state_dir: Path, **extra: Any):
         self.engine = FakeEngine().start()
+        self.extra_engines: list[FakeEngine] = []
         self.control = FakeControlPlane(route_table(self.engine.url)).start()
         # The loop runs on a thread of its own: the main thread may already have a running loop (Playwright's
         # sync API keeps one there while a session-scoped browser is open), and run_until_complete refuses
@@ -258,6 +293,20 @@ class GatewayWorld:
         body = {"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}
         return self.call("POST", "/v1/chat/completions", body, headers, tenant)
 
+    def serve(self, route: dict[str, Any]) -> None:
+        """Make ``route`` acme's ``chat`` (a new route table generation, as far as the gateway can tell)."""
+        self.gateway.routes.body["tenants"]["acme"]["models"]["chat"] = route
+
+    def engines(self, count: int) -> list[FakeEngine]:
+        """More engines, stopped with the world."""
+        started = [FakeEngine().start() for _ in range(count)]
+        self.extra_engines += started
+        return started
+
+    def settle(self, timeout: float = 30) -> None:
+        """Wait for the shadow copies in flight to end (those still running after ``timeout`` are cut)."""
+        self.run(self.gateway.mirrors.drain(timeout))
+
     def ship(self) -> int:
         total = 0
         while True:
@@ -267,9 +316,14 @@ class GatewayWorld:
                 return total
 
     def close(self) -> None:
+        for engine in self.extra_engines:
+            if engine.hold is not None:
+                engine.hold.set()
+        self.run(self.gateway.mirrors.drain(timeout=0))
         self.run(self.gateway.session.close())
         getattr(self.gateway.usage, "close", lambda: None)()
-        self.engine.server.shutdown()
+        for engine in [self.engine, *self.extra_engines]:
+            engine.server.shutdown()
         self.control.server.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.loop_thread.join(timeout=10)
