@@ -39,6 +39,8 @@ class UsageRecord(models.Model):
     stream = models.BooleanField(default=False)
     track = models.CharField(max_length=16, choices=UsageTrack.choices, default=UsageTrack.STABLE)
     ttft_ms = models.FloatField(null=True, blank=True)  # to the answer's first byte; None: none came
+    # A rollout's candidate failing before the first byte, retried elsewhere: the analysis counts these.
+    candidate_errors = models.PositiveSmallIntegerField(default=0)
     started_at = models.DateTimeField()
     hour = models.DateTimeField()  # started_at truncated to the UTC hour: the reports' bucket, stored
     received_at = models.DateTimeField(default=timezone.now)

@@ -101,6 +101,7 @@ def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecor
         latency_ms=_milliseconds(record, "latency_ms") or 0.0,
         ttft_ms=_milliseconds(record, "ttft_ms"),
         attempts=_whole(record, "attempts", 1, 32767, default=1),
+        candidate_errors=_whole(record, "candidate_errors", 0, 32767),
         stream=stream,
         track=_track(record),
         started_at=started,

@@ -214,7 +214,7 @@ class Gateway:
                         return
                     self.ejections.eject(endpoint["url"])
                     last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
-                    preview = self._after_failure(endpoint, preview)
+                    preview = self._after_failure(endpoint, preview, seen)
                     continue
                 return
             seen.status = 502
@@ -242,12 +242,14 @@ class Gateway:
         track = split_track(tier, route.get("splits", {}), split_key, preview)
         return pick(on_track(tier, track), affinity)
 
-    def _after_failure(self, endpoint: contract.Endpoint, preview: str | None) -> str | None:
+    def _after_failure(self, endpoint: contract.Endpoint, preview: str | None, seen: Outcome) -> str | None:
         """The revision the next attempt asks for: after a candidate failed, the stable one, so a failing
-        candidate never fails a client's request (even at 100 % or under a preview header)."""
+        candidate never fails a client's request (even at 100 % or under a preview header). The failure
+        goes on the request's record, where the rollout's analysis counts it against the candidate."""
         if track_of(endpoint) != contract.CANDIDATE:
             return preview
         self.candidate_failures += 1
+        seen.candidate_errors += 1
         return contract.STABLE
 
     def _address(

@@ -114,6 +114,9 @@ class UsageRecord(TypedDict):
     stream: NotRequired[bool]
     ttft_ms: NotRequired[float]  # to the first byte of the answer (a stream's first event)
     track: NotRequired[str]  # STABLE, CANDIDATE or MIRROR (a shadow copy: never billed to the tenant)
+    # Attempts at a rollout's candidate that failed before the first byte and were retried elsewhere: the
+    # client never saw them, the rollout's analysis counts them as the candidate's errors.
+    candidate_errors: NotRequired[int]
     started_at: str  # ISO 8601 with the offset
 
 

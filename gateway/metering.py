@@ -19,6 +19,7 @@ class Outcome:
     usage: Any = field(default_factory=dict)
     ttft_ms: float | None = None  # from sending upstream to the first byte: None when none came
     attempt: int = 0
+    candidate_errors: int = 0  # candidate attempts that failed before the first byte (all attempts)
 
     def restart(self, endpoint: contract.Endpoint, attempt: int) -> None:
         """A new attempt: only its own answer counts."""
@@ -74,6 +75,8 @@ def usage_record(
         "track": track,
         "started_at": started_at.isoformat(),
     }
+    if outcome.candidate_errors:
+        record["candidate_errors"] = outcome.candidate_errors
     if outcome.ttft_ms is not None:  # absent, not 0, when no byte came: a 0 would flatter TTFT figures
         record["ttft_ms"] = round(outcome.ttft_ms, 2)
     return record

@@ -42,7 +42,8 @@ GATEWAY_RULES = {
     "ttft": "ttft_ms/1000 of 2xx answers (latency_ms/1000 when not streamed)",
     "latency": "latency_ms/1000 of 2xx answers",
     "tokens_per_second": "completion_tokens / (latency_ms - ttft_ms) × 1000 of 2xx streams with tokens",
-    "error_rate": "status >= 500 (timeouts are 5xx) out of every status but 499 (the client went away)",
+    "error_rate": "status >= 500 (timeouts are 5xx) out of every status but 499 (the client went away); "
+    "the candidate also gets every attempt at it that failed before the first byte (candidate_errors)",
 }
 
 
@@ -65,6 +66,11 @@ class Requests:
     tokens_per_second: list[float] = field(default_factory=list)
     errors: int = 0
     total: int = 0
+
+    def fail(self, attempts: int) -> None:
+        """Attempts that failed before the first byte, retried elsewhere: errors the client never saw."""
+        self.total += attempts
+        self.errors += attempts
 
     def add(self, status: int, latency_ms: float, ttft_ms: float | None, tokens: int, stream: bool) -> None:
         if status == 499:  # the client left: neither an answer nor the engine's error
@@ -113,7 +119,7 @@ def gateway_requests(
     deployment_id: int, region_code: str, sides: dict[str, Side], start: datetime, end: datetime
 ) -> dict[str, Requests]:
     """Both sides' records in one query: a record counts for the side whose version and track it carries."""
-    either = Q()
+    either = Q(candidate_errors__gt=0)  # whichever revision finally answered, the candidate failed first
     for side in sides.values():
         either |= Q(version=side.version, track__in=side.tracks)
     rows = (
@@ -121,12 +127,24 @@ def gateway_requests(
             deployment_id=deployment_id, region=region_code, started_at__gte=start, started_at__lt=end
         )
         .filter(either)
-        .values_list("version", "track", "status", "latency_ms", "ttft_ms", "completion_tokens", "stream")
+        .values_list(
+            "version",
+            "track",
+            "status",
+            "latency_ms",
+            "ttft_ms",
+            "completion_tokens",
+            "stream",
+            "candidate_errors",
+        )
     )
     found = {name: Requests() for name in sides}
     owner = {(s.version, track): name for name, s in sides.items() for track in s.tracks}
-    for version, track, status, latency_ms, ttft_ms, tokens, stream in rows.iterator():
-        found[owner[(version, track)]].add(status, latency_ms, ttft_ms, tokens, stream)
+    for version, track, status, latency_ms, ttft_ms, tokens, stream, candidate_errors in rows.iterator():
+        found[CANDIDATE].fail(candidate_errors)
+        side = owner.get((version, track))
+        if side is not None:
+            found[side].add(status, latency_ms, ttft_ms, tokens, stream)
     return found
 
 

@@ -152,6 +152,8 @@ def test_a_candidate_answering_5xx_never_fails_a_client(gw):
     assert gw.ship() == 10
     assert {r["track"] for r in gw.control.records} == {STABLE}
     assert [r["attempts"] for r in gw.control.records] == [2, 2, 2] + [1] * 7
+    # The client never saw those failures; the rollout's analysis must, so each record carries its own.
+    assert [r.get("candidate_errors", 0) for r in gw.control.records] == [1, 1, 1] + [0] * 7
 
 
 def test_a_preview_of_a_dead_candidate_is_answered_by_the_stable_revision(gw):

@@ -116,6 +116,24 @@ def test_gateway_metrics_count_each_sides_records_in_the_window_only(chat, djang
     assert (errors.candidate, errors.baseline) == (8 / 55, 0.0) and errors.verdict == FAILED, errors
 
 
+def test_candidate_attempts_retried_on_the_baseline_count_as_the_candidates_errors(chat):
+    records(chat, 200)
+    records(chat, 200, version=V2, track="candidate")
+    records(chat, 12, candidate_errors=1)  # answered by the baseline after the candidate failed first
+    (errors,) = measure(
+        AnalysisSpec((GATEWAY_SPEC.metrics[3],), min_samples=20),
+        deployment_id=chat.pk,
+        region_code="eu-west-1",
+        prometheus_url="",
+        candidate=CANARY,
+        baseline=BASELINE,
+        start=START,
+        end=END,
+    )
+    assert (errors.candidate_samples, errors.baseline_samples) == (212, 212), errors
+    assert errors.candidate == 12 / 212 and errors.baseline == 0.0 and errors.verdict == FAILED, errors
+
+
 def test_a_shadow_candidate_is_judged_on_its_mirrored_requests(chat):
     records(chat, 30)
     records(chat, 30, version=V2, track="mirror", ttft_ms=105.0)
