@@ -7,7 +7,7 @@ from core.errors import NotFound
 from core.principal import Principal
 from core.selectors import scoped
 from regions.models import DeploymentTarget
-from rollouts.choices import ACTIVE_STATES
+from rollouts.choices import ACTIVE_STATES, RolloutState
 from rollouts.models import Rollout
 
 
@@ -36,6 +36,20 @@ def weights(rollout: Rollout) -> list[dict[str, object]]:
             deployment=rollout.deployment, version=rollout.candidate
         ).select_related("region")
     }
+    if rollout.state not in ACTIVE_STATES:  # the candidate is everything, or nothing, everywhere now
+        promoted = rollout.state == RolloutState.SUCCEEDED
+        return [
+            {
+                "region": code,
+                "wave": wave + 1,
+                "candidate_status": "promoted" if promoted else "rolled back",
+                "candidate_role": "stable" if promoted else "retiring",
+                "traffic_percent": 100 if promoted else 0,
+                "mirror_percent": 0,
+            }
+            for wave, regions in enumerate(rollout.waves)
+            for code in regions
+        ]
     rows = []
     for wave, regions in enumerate(rollout.waves):
         for code in regions:
