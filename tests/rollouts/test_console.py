@@ -121,6 +121,8 @@ def test_promote_by_hand_needs_a_reason_and_ends_the_rollout(client, world, make
     assert rollout.state == "succeeded"
     html = shown(client, f"/rollouts/{rollout.pk}/")
     assert "promoted by ops: signed off by the model owners" in html
+    # The candidate's revision is the stable one now, taking all of the region's requests.
+    assert "<span data-traffic>100 %</span>" in html and "not started" not in html
     assert 'data-state="next"' not in html and 'data-state="paused"' not in html
 
 
