@@ -50,7 +50,9 @@ def start_body(deployment, version, extra_file):
 
 def progress(doc):
     weights = ", ".join(
-        f"{w['region']} {w['traffic_percent']} %" + (f" (mirror {w['mirror_percent']} %)" if w["mirror_percent"] else "")
+        f"{w['region']} {w['traffic_percent']} %"
+        + (f" mirror {w['mirror_percent']} %" if w["mirror_percent"] else "")
+        + (f" ({w['candidate_status']})" if w["candidate_status"] != "ready" else "")
         for w in doc.get("weights", [])
     )
     steps = len(doc["steps"])

@@ -17,7 +17,8 @@ import pytest
 from core.services.tenants import service_account_create
 from core.services.tokens import token_create
 from registry.models import ModelVersion
-from rollouts import controller
+from rollouts import controller, plan
+from rollouts.api.serializers import RolloutWriteSerializer
 from rollouts.choices import ACTIVE_STATES
 from rollouts.models import AnalysisRun, Rollout
 from tests.support.principals import principal
@@ -212,3 +213,10 @@ def test_refusals_and_timeouts_fail_the_pipeline(ci):
     assert "is still pending after 1 s" in slow.stderr
     assert rollout.state == "aborted" and "CI gave up waiting after 1 s" in rollout.reason
     assert "registering" not in slow.stdout  # SKIP_REGISTER
+
+
+def test_the_shipped_rollout_body_is_a_valid_plan():
+    """docs/ci/rollout.json, the example ROLLOUT_FILE: only fields the API takes, and a plan it accepts."""
+    body = json.loads((SCRIPT.parent / "rollout.json").read_text())
+    assert set(body) <= set(RolloutWriteSerializer().fields) - {"deployment", "version"}
+    assert plan.parse_steps(body["steps"], body["strategy"]) == body["steps"]

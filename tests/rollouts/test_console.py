@@ -65,6 +65,11 @@ def test_the_rollout_page_shows_the_plan_where_it_is_and_the_buttons(
     # What alice (tenant admin) may do in a pause: resume, promote, abort; not pause again.
     assert 'id="action-resume"' in html and 'id="action-abort"' in html and 'id="action-promote"' in html
     assert 'id="action-pause"' not in html
+    # The deployment's page lists the rollout and marks the candidate revision beside the stable one.
+    deployment = html_of(client, "/deployments/acme/chat/")
+    assert (
+        f'href="/rollouts/{rollout.pk}/"' in deployment and 'data-role="candidate">candidate r1' in deployment
+    )
 
 
 def test_pause_resume_abort_from_the_console_with_refusals_as_messages(
