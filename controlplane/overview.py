@@ -16,9 +16,11 @@ from core.errors import Forbidden
 from core.principal import Principal
 from core.views import page
 from regions import selectors as regions
+from rollouts import selectors as rollouts
 from routing import selectors as routing
 
 RATE_WINDOW = timedelta(minutes=5)
+ROLLOUTS_SHOWN = 10
 
 
 def clock() -> datetime:
@@ -44,7 +46,7 @@ def overview(request: HttpRequest, p: Principal) -> HttpResponse:
 
 
 def _fleet(p: Principal, now: datetime) -> dict[str, Any]:
-    """Regions, deployments and failovers, each from its own app's selectors."""
+    """Regions, deployments, failovers and active rollouts, each from its own app's selectors."""
     if Scope.DEPLOYMENTS_READ not in p.all_scopes:
         return {}
     health = routing.region_health(p)
@@ -62,6 +64,7 @@ def _fleet(p: Principal, now: datetime) -> dict[str, Any]:
         "deployment_states": regions.deployment_states(p),
         "troubled_targets": list(regions.troubled_targets(p)[:8]),
         "service_events": list(routing.service_events(p).filter(at__lte=now)[:8]),
+        "active_rollouts": list(rollouts.active_rollouts(p).order_by("-created_at", "-pk")[:ROLLOUTS_SHOWN]),
     }
 
 

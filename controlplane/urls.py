@@ -28,6 +28,7 @@ urlpatterns = [
     path("deployments/", include("regions.deployment_urls")),
     path("routing/", include("routing.dashboard_urls")),
     path("costs/", include("billing.dashboard_urls")),
+    path("rollouts/", include("rollouts.dashboard_urls")),
     path("", include("controlplane.console_urls")),
 ]
 

@@ -65,6 +65,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Registry", "registry:catalog", Scope.REGISTRY_READ in scopes),
         ("Regions", "regions:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Deployments", "deployments:list", Scope.DEPLOYMENTS_READ in scopes),
+        ("Rollouts", "rollouts:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Routing", "routing:routing", Scope.DEPLOYMENTS_READ in scopes),
         ("Costs", "billing:costs", Scope.BILLING_READ in scopes),
         ("Audit", "dashboard:audit", Scope.AUDIT_READ in scopes),

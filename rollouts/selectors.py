@@ -6,7 +6,8 @@ from core.choices import Scope
 from core.errors import NotFound
 from core.principal import Principal
 from core.selectors import scoped
-from regions.models import DeploymentTarget
+from regions.choices import TargetRole, TargetStatus
+from regions.models import Deployment, DeploymentTarget
 from rollouts.choices import ACTIVE_STATES, RolloutState
 from rollouts.models import Rollout
 
@@ -29,27 +30,20 @@ def active_rollouts(principal: Principal) -> QuerySet[Rollout]:
 
 
 def weights(rollout: Rollout) -> list[dict[str, object]]:
-    """Per region of the rollout: where the candidate is, and its share of requests and of copies now."""
-    targets = {
-        t.region.code: t
-        for t in DeploymentTarget.objects.filter(
-            deployment=rollout.deployment, version=rollout.candidate
-        ).select_related("region")
-    }
-    if rollout.state not in ACTIVE_STATES:  # the candidate is everything, or nothing, everywhere now
-        promoted = rollout.state == RolloutState.SUCCEEDED
-        return [
-            {
-                "region": code,
-                "wave": wave + 1,
-                "candidate_status": "promoted" if promoted else "rolled back",
-                "candidate_role": "stable" if promoted else "retiring",
-                "traffic_percent": 100 if promoted else 0,
-                "mirror_percent": 0,
-            }
-            for wave, regions in enumerate(rollout.waves)
-            for code in regions
-        ]
+    """Per region of the rollout: where the candidate is, and its share of requests and of copies now.
+
+    Once promoted, the candidate's revision is the deployment's stable one (its ``version`` is null then:
+    the deployment's version), serving all of the region's requests until a later rollout replaces it."""
+    found = DeploymentTarget.objects.filter(deployment=rollout.deployment_id).select_related("region")
+    promoted = (
+        rollout.state == RolloutState.SUCCEEDED
+        and Deployment.objects.filter(pk=rollout.deployment_id, version=rollout.candidate_id).exists()
+    )
+    if promoted:
+        found = found.filter(role=TargetRole.STABLE).exclude(status=TargetStatus.DELETED)
+    else:
+        found = found.filter(version=rollout.candidate)
+    targets = {t.region.code: t for t in found.order_by("pk")}
     rows = []
     for wave, regions in enumerate(rollout.waves):
         for code in regions:
@@ -60,7 +54,7 @@ def weights(rollout: Rollout) -> list[dict[str, object]]:
                     "wave": wave + 1,
                     "candidate_status": target.status if target else "not started",
                     "candidate_role": target.role if target else "",
-                    "traffic_percent": target.traffic_percent if target else 0,
+                    "traffic_percent": (100 if promoted else target.traffic_percent) if target else 0,
                     "mirror_percent": target.mirror_percent if target else 0,
                 }
             )

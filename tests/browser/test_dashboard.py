@@ -12,6 +12,7 @@ NAVIGATION = [
     "Registry",
     "Regions",
     "Deployments",
+    "Rollouts",
     "Routing",
     "Costs",
     "Audit",
