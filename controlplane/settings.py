@@ -288,6 +288,7 @@ SPECTACULAR_SETTINGS = {
         "RegionStatusEnum": "regions.choices.RegionStatus",
         "TargetStatusEnum": "regions.choices.TargetStatus",
         "DeploymentStateEnum": "regions.choices.DeploymentState",
+        "RolloutStateEnum": "rollouts.choices.RolloutState",
     },
 }
 

@@ -28,6 +28,11 @@ CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     ("routing", "The route table, health, failover events, what-if, gateway configuration.", ("routing/",)),
     (
+        "rollouts",
+        "Canary, blue-green and shadow rollouts in region waves: start, pause, resume, abort, promote.",
+        ("rollouts/",),
+    ),
+    (
         "usage & costs",
         "Usage records from gateways, GPU prices, cost reports, idle GPUs, budgets.",
         ("usage/", "costs/", "prices/", "budgets/"),

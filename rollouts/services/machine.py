@@ -158,7 +158,7 @@ def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM) -> Roll
         regions = set(stable.values_list("region_id", flat=True))
         stable.update(
             role=TargetRole.RETIRING,
-            version_id=deployment.version_id,  # what it runs now (the baseline, unless an alias moved it first)
+            version_id=deployment.version_id,  # what it runs now: the baseline, unless an alias moved it
             remove_after=now + timedelta(seconds=rollout.rollback_window_seconds),
         )
         DeploymentTarget.objects.filter(deployment=deployment, role=TargetRole.CANDIDATE).update(

@@ -32,7 +32,13 @@ from routing import services as routing
 from tests.support.gateway import Gateway, gateway_secret
 from tests.support.principals import principal
 from tests.support.processes import wait_for
-from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets, tiny_version
+from tests.support.regions import (
+    ENGINE_START_TIMEOUT,
+    TINY_ENGINE_ARGS,
+    converge,
+    ready_targets,
+    tiny_version,
+)
 from tests.support.rollouts import drive, next_version
 
 pytestmark = [
@@ -64,10 +70,14 @@ class Clients:
         self.gateway, self.token = gateway, token
         self.answers: list[tuple[float, int, str]] = []  # (when, status, x-model-version)
         self.stop = threading.Event()
+        self.going = threading.Event()  # cleared while an engine starts: two cores cannot do both
+        self.going.set()
         self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(4)]
 
     def _run(self) -> None:
         while not self.stop.is_set():
+            if not self.going.wait(timeout=0.5):
+                continue
             body = {
                 "model": "chat",
                 "messages": [{"role": "user", "content": "Tell me about regions"}],
@@ -142,7 +152,9 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
                 analysis=ANALYSIS,
                 rollback_window_seconds=0,
             )
-            wait_for(lambda: _scraped_once(good, scrape_all), timeout=420, interval=3)
+            clients.going.clear()
+            wait_for(lambda: _scraped_once(good, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
+            clients.going.set()
             drive(good, {"succeeded", "failed", "paused"}, timeout=300)
             assert good.state == "succeeded", (good.reason, _runs(good))
             v2 = ModelVersion.objects.get(pk=good.candidate_id)
@@ -170,7 +182,9 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
                 steps=[{"set_weight": 50}, {"pause": JUDGED}],
                 analysis=ANALYSIS,
             )
-            wait_for(lambda: _scraped_once(bad, scrape_all), timeout=420, interval=3)
+            clients.going.clear()
+            wait_for(lambda: _scraped_once(bad, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
+            clients.going.set()
             drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
             rolled_back_at = time.monotonic()
             time.sleep(3)  # the gateway's next generation, then a few more answers
@@ -195,6 +209,8 @@ def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
     """Drive the rollout until its candidate is up, then point Prometheus at every engine."""
     converge(rollout.deployment)
     controller.advance(rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state in ("pending", "progressing"), (rollout.state, rollout.reason)
     candidate = DeploymentTarget.objects.filter(
         deployment=rollout.deployment, role=TargetRole.CANDIDATE, status="ready"
     ).first()
