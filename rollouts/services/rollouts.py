@@ -56,6 +56,7 @@ def rollout_start(
     """Check everything, write the rollout (pending) and let the controller take it from there."""
     actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
     now = now or timezone.now()
+    deployment = Deployment.objects.select_related("owner", "model", "version").get(pk=deployment.pk)
     if deployment.state != DeploymentState.ACTIVE:
         raise Conflict(f"{deployment} is {deployment.state}.", code="not_active")
     candidate = registry_selectors.version_get(deployment.model, version)
@@ -187,7 +188,9 @@ def _check_regions(deployment: Deployment, candidate: ModelVersion, codes: list[
 
 
 def _save_start(actor: Principal, rollout: Rollout, webhook: str) -> Rollout:
-    Deployment.objects.select_for_update().filter(pk=rollout.deployment_id).first()
+    locked = Deployment.objects.select_for_update().get(pk=rollout.deployment_id)
+    if locked.version_id != rollout.baseline_id or locked.state != DeploymentState.ACTIVE:
+        raise Conflict(f"{locked} changed while the rollout was checked; try again.", code="rollout_active")
     if Rollout.objects.filter(deployment=rollout.deployment, state__in=ACTIVE_STATES).exists():
         raise Conflict(f"{rollout.deployment} already has a rollout in progress.", code="rollout_active")
     rollout.webhook = webhook

@@ -30,10 +30,11 @@ from regions.choices import TargetPurpose, TargetRole
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.models import ModelVersion
-from tests.support.billing import HISTORY, held, hourly_usage, tiny_candidate
+from tests.support.billing import HISTORY, held, hourly_usage
 from tests.support.gateway import gateway_secret
 from tests.support.principals import World, principal
 from tests.support.regions import tiny_version
+from tests.support.rollouts import next_version
 
 pytestmark = pytest.mark.django_db
 
@@ -58,7 +59,7 @@ def fleet(world: World, make_region, tiny_model_dir, settings) -> Fleet:  # type
     region = make_region("eu-west-1", "EU")
     operator = principal(world.operator)
     v1 = tiny_version(operator, tiny_model_dir)
-    v2 = tiny_candidate(operator, v1.model, tiny_model_dir)
+    v2 = next_version(operator, v1, "2.0.0", status="draft")
     chat = deployment_create(
         actor=principal(world.alice), owner=world.tenant_a, name="chat", model=v1.model, version="1.0.0"
     )

@@ -231,3 +231,16 @@ def test_deleting_the_deployment_aborts_its_rollout(world, make_region, tiny_mod
     rollout.refresh_from_db()
     assert rollout.state == "aborted" and "deleted" in rollout.reason
     assert ModelVersion.objects.get(pk=s.candidate.pk).status == "staged"
+
+
+def test_the_baseline_is_what_the_deployment_runs_now_not_what_the_caller_read(
+    world, make_region, tiny_model_dir
+):
+    s = stage(world, make_region, tiny_model_dir)
+    first = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 50}]
+    )
+    drive(first, {"succeeded"})
+    next_version(s.alice, s.baseline, "3.0.0")
+    second = rollouts.rollout_start(actor=s.alice, deployment=s.deployment, version="3.0.0")  # a stale read
+    assert second.baseline.version == "2.0.0"

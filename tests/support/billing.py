@@ -3,13 +3,8 @@
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 from billing.models import CapacitySegment, GpuPrice, UsageRecord
-from core.principal import Principal
-from registry.models import ModelVersion, RegisteredModel
-from tests.support.regions import TINY_ENGINE_ARGS
-from tests.support.registry import register
 
 HISTORY = datetime(2025, 6, 10, 8, tzinfo=UTC)  # a fixed past moment, inside one month
 
@@ -80,27 +75,4 @@ def held(  # type: ignore[no-untyped-def]
         gpus=1,
         started_at=start,
         ended_at=start + timedelta(hours=hours),
-    )
-
-
-def tiny_candidate(actor: Principal, model: RegisteredModel, model_dir: Path) -> ModelVersion:
-    """Version 2.0.0 of the tiny model (``tests.support.regions.tiny_version``), a rollout's candidate."""
-    return register(
-        model,
-        actor,
-        "2.0.0",
-        artifact_uri=f"file://{model_dir}",
-        served_model_name="tiny",
-        parameter_count=3_000_000,
-        dtype="float32",
-        max_context_length=512,
-        engine_args=TINY_ENGINE_ARGS,
-        architecture={
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "head_dim": 64,
-        },
-        allowed_jurisdictions=["EU", "US"],
-        artifact_manifest=[],
     )

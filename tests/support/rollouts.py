@@ -40,7 +40,8 @@ def next_version(
         "artifact_manifest": [],
         **overrides,
     }
-    return advance(register(baseline.model, actor, version, **fields), actor, status)
+    registered = register(baseline.model, actor, version, **fields)
+    return registered if status == "draft" else advance(registered, actor, status)
 
 
 def stage(world, make_region, tiny_model_dir, regions=("eu-west-1",), engine="simulator") -> Stage:  # type: ignore[no-untyped-def]
