@@ -16,6 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from billing.models import UsageRecord
+from core.errors import InvalidTransition
 from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import DeploymentTarget, Region
 from registry.choices import ReportOutcome
@@ -46,8 +47,15 @@ USAGE_GRACE = timedelta(seconds=3)
 
 
 def advance(rollout_id: int, now: datetime | None = None) -> str:
-    """One pass over one rollout; returns its state afterwards."""
-    now = now or timezone.now()
+    """One pass over one rollout; returns its state afterwards. A move another pass (or a person) made
+    first is no error: that move stands, and this pass ends."""
+    try:
+        return _advance(rollout_id, now or timezone.now())
+    except InvalidTransition:
+        return str(Rollout.objects.values_list("state", flat=True).get(pk=rollout_id))
+
+
+def _advance(rollout_id: int, now: datetime) -> str:
     rollout = Rollout.objects.select_related("deployment", "candidate__model", "baseline").get(pk=rollout_id)
     if rollout.state not in (R.PENDING, R.PROGRESSING, R.PAUSED):
         return rollout.state
@@ -78,9 +86,11 @@ def _wave_regions(rollout: Rollout) -> list[str]:
 
 
 def _candidate_trouble(rollout: Rollout, now: datetime) -> str:
-    """Why the candidate cannot go on (failed, crash-looping, unhealthy, not up in time); '' when it can."""
+    """Why the candidate cannot go on (failed, crash-looping, unhealthy in any wave so far, or not up in
+    time in this one); '' when it can."""
     started = rollout.wave_started_at or rollout.created_at
-    for target in candidate_targets(rollout, _wave_regions(rollout)):
+    current = set(_wave_regions(rollout))
+    for target in candidate_targets(rollout):
         code = target.region.code
         if target.status == TargetStatus.FAILED:
             return f"the candidate failed in {code}: {target.last_error or 'the engine did not start'}"
@@ -90,7 +100,7 @@ def _candidate_trouble(rollout: Rollout, now: datetime) -> str:
         if sick is not None:
             return f"the candidate is unhealthy in {code}: {sick.url} {sick.last_error}".strip()
         late = now - started > timedelta(seconds=rollout.progress_deadline_seconds)
-        if target.status != TargetStatus.READY and late:
+        if code in current and target.status != TargetStatus.READY and late:
             return f"the candidate was not ready in {code} within {rollout.progress_deadline_seconds} s"
     return ""
 

@@ -37,10 +37,21 @@ class ProcessConfig:
     host: str = "127.0.0.1"
     kv_cache_gib: int = 1
     max_backoff_seconds: int = 60
+    # vLLM's CPU backend pins its OpenMP threads ("auto": the same cores for every engine it starts), so
+    # two engines on one host (a rollout's baseline and candidate) would share one core while the others
+    # idle, and the busier engine starves the other. "nobind" leaves placement to the kernel.
+    cpu_bind: str = "nobind"
 
     @classmethod
     def parse(cls, raw: dict[str, Any], default_state_dir: str) -> "ProcessConfig":
-        unknown = set(raw) - {"state_dir", "engine", "host", "kv_cache_gib", "max_backoff_seconds"}
+        unknown = set(raw) - {
+            "state_dir",
+            "engine",
+            "host",
+            "kv_cache_gib",
+            "max_backoff_seconds",
+            "cpu_bind",
+        }
         if unknown:
             raise ValidationFailed(f"Unknown process driver setting(s): {', '.join(sorted(unknown))}.")
         config = cls(**{"state_dir": default_state_dir, **raw})
@@ -297,6 +308,7 @@ class ProcessDriver:
             "VLLM_CACHE_ROOT": cache,
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib),
+            "VLLM_CPU_OMP_THREADS_BIND": self.config.cpu_bind,
             "PYTHONUNBUFFERED": "1",
         }
 

