@@ -15,7 +15,16 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
-from gateway.balancer import Ejections, candidates, mirror_target, on_track, pick, split_track, track_of
+from gateway.balancer import (
+    Ejections,
+    answering,
+    candidates,
+    mirror_target,
+    on_track,
+    pick,
+    split_track,
+    track_of,
+)
 from gateway.config import RouteCache, Settings
 from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
 from gateway.limits import Limits
@@ -236,10 +245,11 @@ class Gateway:
         preview: str | None,
     ) -> contract.Endpoint | None:
         """The endpoint for the next attempt: the tier, then the revision there, then the engine."""
-        tier = candidates(route["endpoints"], self.ejections, tried)
+        splits = route.get("splits", {})
+        tier = candidates(answering(route["endpoints"], splits, preview), self.ejections, tried)
         if not tier:
             return None
-        track = split_track(tier, route.get("splits", {}), split_key, preview)
+        track = split_track(tier, splits, split_key, preview)
         return pick(on_track(tier, track), affinity)
 
     def _after_failure(self, endpoint: contract.Endpoint, preview: str | None, seen: Outcome) -> str | None:

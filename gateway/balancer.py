@@ -83,6 +83,21 @@ def split_track(
     return contract.CANDIDATE if share < split["candidate"] * 100 else contract.STABLE
 
 
+def answering(
+    endpoints: list[contract.Endpoint], splits: dict[str, contract.Split], preview: str | None
+) -> list[contract.Endpoint]:
+    """The endpoints that may answer a client: a candidate only where it takes a share of the region's
+    requests, or when previewed. A shadow candidate, or a blue-green one before its switch, never answers
+    a client, not even when the stable revision beside it is gone (the next region does, or nobody)."""
+    if preview == contract.CANDIDATE:
+        return endpoints
+    return [
+        e
+        for e in endpoints
+        if track_of(e) != contract.CANDIDATE or splits.get(e["region"], {}).get("candidate", 0) > 0
+    ]
+
+
 def on_track(tier: list[contract.Endpoint], track: str) -> list[contract.Endpoint]:
     """The tier's endpoints of that revision, or the other revision's when it has none left: a missing or
     failing candidate (or stable) never fails a request the region can still serve."""

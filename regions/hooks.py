@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from regions.models import DeploymentTarget
+    from regions.models import Deployment, DeploymentTarget
+    from registry.models import ModelVersion
 
 NO_WEIGHTS_PROVIDER = "no artifact service is installed to verify the weights in this region's object store"
 
@@ -67,3 +68,21 @@ def on_allocation(
     if listener not in ALLOCATION_LISTENERS:  # ready() may run twice (tests that reload apps)
         ALLOCATION_LISTENERS.append(listener)
     return listener
+
+
+# Asked before a deployment that follows an alias moves to the version the alias names now; a reason
+# ('' goes ahead) keeps it where it is (rollouts: one runs on this deployment, or rolled that version back
+# here, so an alias moved by a sibling deployment's success must not switch this one all at once).
+ALIAS_FOLLOW_VETOES: list[Callable[[Deployment, ModelVersion], str]] = []
+
+
+def on_alias_follow(
+    veto: Callable[[Deployment, ModelVersion], str],
+) -> Callable[[Deployment, ModelVersion], str]:
+    if veto not in ALIAS_FOLLOW_VETOES:
+        ALIAS_FOLLOW_VETOES.append(veto)
+    return veto
+
+
+def alias_follow_veto(deployment: Deployment, version: ModelVersion) -> str:
+    return next((reason for veto in ALIAS_FOLLOW_VETOES if (reason := veto(deployment, version))), "")

@@ -102,15 +102,15 @@ def reconcile_target(target_id: int) -> None:
 
 
 def _follow_alias(target: DeploymentTarget) -> None:
-    """A deployment that follows an alias rolls to wherever the alias points now, all at once; while a
-    rollout runs on it (a candidate target exists), the rollout moves it instead, region by region."""
+    """A deployment that follows an alias rolls to wherever the alias points now, all at once, unless a
+    hook vetoes it (a rollout moves it instead, region by region, or rolled that version back here)."""
     deployment = target.deployment
     if not deployment.follow_alias or deployment.state != DeploymentState.ACTIVE:
         return
-    if deployment.targets.filter(role=TargetRole.CANDIDATE).exists():
-        return
     alias = deployment.model.aliases.filter(name=deployment.follow_alias).select_related("version").first()
     if alias is None or alias.version is None or alias.version_id == deployment.version_id:
+        return
+    if hooks.alias_follow_veto(deployment, alias.version):
         return
     with transaction.atomic():
         moved = Deployment.objects.filter(pk=deployment.pk, version=deployment.version).update(

@@ -83,7 +83,7 @@ class ModelVersion(models.Model):
                                                                    previous deprecated ─► production
         validated, staged, canary ─► deprecated
 
-    Gates: → validated needs a passing validation report; → production needs a completed canary or an
+    Gates: → validated needs a passing validation report; → production needs a succeeded rollout or an
     operator override with a reason; → retired needs no deployment using the version. Release content
     is immutable once the version leaves draft; governance metadata (who may use it, where) stays
     editable because it is policy, and every change to it is audited.

@@ -19,7 +19,8 @@ from billing.models import UsageRecord
 from core.errors import InvalidTransition
 from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import DeploymentTarget, Region
-from registry.choices import ReportOutcome
+from registry.choices import SERVABLE_STATES, ReportOutcome
+from registry.models import ModelVersion
 from registry.selectors import latest_report
 from rollouts import plan
 from rollouts.analysis import FAILED, INCONCLUSIVE, parse_spec, verdict
@@ -30,6 +31,7 @@ from rollouts.services.machine import (
     candidate_targets,
     ensure_candidates,
     event,
+    judged_everywhere,
     promote,
     rollback,
     rollout_transition,
@@ -88,6 +90,9 @@ def _wave_regions(rollout: Rollout) -> list[str]:
 def _candidate_trouble(rollout: Rollout, now: datetime) -> str:
     """Why the candidate cannot go on (failed, crash-looping, unhealthy in any wave so far, or not up in
     time in this one); '' when it can."""
+    status = ModelVersion.objects.values_list("status", flat=True).get(pk=rollout.candidate_id)
+    if status not in SERVABLE_STATES:
+        return f"the candidate version is {status} now; it may not serve"
     started = rollout.wave_started_at or rollout.created_at
     current = set(_wave_regions(rollout))
     for target in candidate_targets(rollout):
@@ -157,8 +162,11 @@ def _pause(rollout: Rollout, now: datetime, pause: plan.Pause) -> None:
     if pause.seconds is not None and now < started + timedelta(seconds=pause.seconds):
         return
     sides = {code: _sides(rollout, code) for code in _wave_regions(rollout)}
-    if pause.min_requests and any(
-        _served(rollout, code, sides[code][0], started, now) < pause.min_requests for code in sides
+    waited_long = now - started > timedelta(seconds=rollout.progress_deadline_seconds)
+    if (
+        pause.min_requests
+        and not waited_long  # too little traffic for too long: the analysis says so, and a person decides
+        and any(_served(rollout, code, sides[code][0], started, now) < pause.min_requests for code in sides)
     ):
         return
     if now - started <= USAGE_GRACE:
@@ -183,7 +191,7 @@ def _judge(rollout: Rollout, now: datetime, started: datetime, sides: dict[str, 
         )
         quality = _quality_gate(rollout) if spec.quality_gate else ""
         found = FAILED if quality else verdict(measurements)
-        AnalysisRun.objects.get_or_create(
+        run, _ = AnalysisRun.objects.get_or_create(
             rollout=rollout,
             wave=rollout.wave,
             step=rollout.step,
@@ -197,7 +205,7 @@ def _judge(rollout: Rollout, now: datetime, started: datetime, sides: dict[str, 
                 "at": now,
             },
         )
-        verdicts.append((code, found))
+        verdicts.append((code, run.verdict))  # a run another pass stored first is the one acted on
     _act_on(rollout, now, verdicts)
 
 
@@ -224,7 +232,8 @@ def _finish_wave(rollout: Rollout, now: datetime) -> None:
     """The wave's plan is done: it takes all traffic (canary, blue-green) and the next wave starts, or,
     after the last wave, the candidate is promoted."""
     if rollout.wave + 1 >= len(rollout.waves):
-        promote(rollout, "every wave passed its analysis")
+        judged = "judged by analysis in every region" if judged_everywhere(rollout) else "no step was judged"
+        promote(rollout, f"every wave's plan is done, {judged}")
         return
     regions = _wave_regions(rollout)
     with transaction.atomic():

@@ -152,6 +152,10 @@ def deployment_scale(*, actor: Principal, deployment: Deployment, replicas: int)
     actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
     if deployment.state != DeploymentState.ACTIVE:
         raise Conflict(f"{deployment} is {deployment.state}.", code="not_active")
+    if deployment.targets.filter(role=TargetRole.CANDIDATE).exists():
+        raise Conflict(
+            f"{deployment} is being rolled out; scale it once the rollout has ended.", code="rollout_active"
+        )
     if replicas != 0 and not deployment.min_replicas <= replicas <= deployment.max_replicas:
         raise ValidationFailed(
             f"replicas must be 0 (pause) or between {deployment.min_replicas} and {deployment.max_replicas}."

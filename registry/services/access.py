@@ -16,11 +16,16 @@ def may_promote(actor: Principal, model: RegisteredModel) -> bool:
     return actor.may(Scope.REGISTRY_PROMOTE, model.owner_id)
 
 
-def require_gate_override(actor: Principal, model: RegisteredModel) -> None:
+def may_override_gate(actor: Principal, model: RegisteredModel) -> bool:
     """Skipping a gate is for operators, and for the owner's tenant admins on their own models."""
-    require_on_model(actor, model, Scope.REGISTRY_PROMOTE)
+    if not actor.may(Scope.REGISTRY_PROMOTE, model.owner_id):
+        return False
     if actor.sees_all(Scope.REGISTRY_PROMOTE):
-        return
-    if model.owner_id is not None and actor.tenant_roles.get(model.owner_id) == TenantRole.ADMIN:
-        return
-    raise Forbidden("Only operators (or the owner's tenant admins) may override a lifecycle gate.")
+        return True
+    return model.owner_id is not None and actor.tenant_roles.get(model.owner_id) == TenantRole.ADMIN
+
+
+def require_gate_override(actor: Principal, model: RegisteredModel) -> None:
+    require_on_model(actor, model, Scope.REGISTRY_PROMOTE)
+    if not may_override_gate(actor, model):
+        raise Forbidden("Only operators (or the owner's tenant admins) may override a lifecycle gate.")

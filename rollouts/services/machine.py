@@ -6,8 +6,8 @@ Traffic moves by the candidate targets' weights (``regions``), which reach the g
 route-table generation; rollback and promotion publish that generation before they return.
 """
 
+import threading
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -24,8 +24,17 @@ from regions.models import Deployment, DeploymentTarget, Region
 from regions.services.deployments import enqueue_reconcile
 from registry.choices import BUILTIN_ALIASES, VersionStatus
 from registry.models import ModelVersion
+from registry.services.access import may_override_gate
 from registry.services.lifecycle import alias_move, version_transition
-from rollouts.choices import ACTIVE_STATES, ROLLOUT_TRANSITIONS, OnFailure, RolloutState, Strategy
+from rollouts.choices import (
+    ACTIVE_STATES,
+    ROLLBACK_STATES,
+    ROLLOUT_TRANSITIONS,
+    OnFailure,
+    RolloutState,
+    Strategy,
+    Verdict,
+)
 from rollouts.models import Rollout, RolloutEvent
 from routing.services import publish
 
@@ -84,29 +93,35 @@ def set_weights(
 
 
 def ensure_candidates(rollout: Rollout, regions: list[str]) -> list[DeploymentTarget]:
-    """The candidate revision in each of ``regions`` (created once; a new revision number each)."""
-    existing = {t.region.code for t in candidate_targets(rollout, regions)}
-    missing = [code for code in regions if code not in existing]
-    if missing:
-        with transaction.atomic():
-            deployment = Deployment.objects.select_for_update().get(pk=rollout.deployment_id)
-            top = deployment.targets.aggregate(top=Max("revision"))["top"] or 0
-            purpose = (
-                TargetPurpose.EVALUATION if rollout.strategy == Strategy.SHADOW else TargetPurpose.SERVING
-            )
-            for offset, region in enumerate(Region.objects.filter(code__in=missing).order_by("code")):
-                DeploymentTarget.objects.create(
-                    deployment=deployment,
-                    region=region,
-                    role=TargetRole.CANDIDATE,
-                    revision=top + 1 + offset,
-                    version=rollout.candidate,
-                    desired_replicas=deployment.replicas,
-                    purpose=purpose,
-                )
-            event(rollout, "candidates", f"candidate {rollout.candidate} starting in {', '.join(missing)}")
-            enqueue_reconcile(set(Region.objects.filter(code__in=missing).values_list("pk", flat=True)))
+    """The candidate revision in each of ``regions`` (created once; a new revision number each). Under the
+    deployment's lock, and only while the rollout is active: a rollback (which takes the same lock) that
+    lands first leaves nothing behind to run forever."""
+    with transaction.atomic():
+        deployment = Deployment.objects.select_for_update().get(pk=rollout.deployment_id)
+        active = Rollout.objects.filter(pk=rollout.pk, state__in=ACTIVE_STATES).exists()
+        existing = {t.region.code for t in candidate_targets(rollout, regions)}
+        missing = [code for code in regions if code not in existing] if active else []
+        if missing:
+            _create_candidates(rollout, deployment, missing)
     return candidate_targets(rollout, regions)
+
+
+def _create_candidates(rollout: Rollout, deployment: Deployment, codes: list[str]) -> None:
+    top = deployment.targets.aggregate(top=Max("revision"))["top"] or 0
+    purpose = TargetPurpose.EVALUATION if rollout.strategy == Strategy.SHADOW else TargetPurpose.SERVING
+    found = list(Region.objects.filter(code__in=codes).order_by("code"))
+    for offset, region in enumerate(found):
+        DeploymentTarget.objects.create(
+            deployment=deployment,
+            region=region,
+            role=TargetRole.CANDIDATE,
+            revision=top + 1 + offset,
+            version=rollout.candidate,
+            desired_replicas=deployment.replicas,
+            purpose=purpose,
+        )
+    event(rollout, "candidates", f"candidate {rollout.candidate} starting in {', '.join(codes)}")
+    enqueue_reconcile({region.pk for region in found})
 
 
 # --- the two ends -----------------------------------------------------------------------------------
@@ -115,6 +130,9 @@ def rollback(rollout: Rollout, to: str, reason: str, *, actor: Principal = SYSTE
     candidate revision retired, the version back to staged (or rejected), the alias left alone."""
     now = timezone.now()
     with transaction.atomic():
+        Deployment.objects.select_for_update().filter(
+            pk=rollout.deployment_id
+        ).first()  # vs ensure_candidates
         rollout_transition(rollout, to, reason=reason, finished_at=now)
         targets = DeploymentTarget.objects.filter(deployment=rollout.deployment, role=TargetRole.CANDIDATE)
         regions = set(targets.values_list("region_id", flat=True))
@@ -132,8 +150,8 @@ def rollback(rollout: Rollout, to: str, reason: str, *, actor: Principal = SYSTE
             after={"state": to, "candidate": str(rollout.candidate)},
         )
         enqueue_reconcile(regions)
-        _notify_on_commit(rollout)
     publish()
+    _notify(rollout)
     return rollout
 
 
@@ -146,7 +164,7 @@ def _return_version(rollout: Rollout, reason: str) -> None:
     version_transition(actor=SYSTEM, version=candidate, to=to, reason=f"{rollout}: {reason}")
 
 
-def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM) -> Rollout:
+def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM, by_hand: bool = False) -> Rollout:
     """The candidate becomes the stable revision everywhere (one route-table generation), the version
     production through the registry's gate (this succeeded rollout is its evidence), the alias moves, and
     the baseline revision drains until the rollback window ends."""
@@ -171,8 +189,8 @@ def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM) -> Roll
         Deployment.objects.filter(pk=deployment.pk).update(
             version=rollout.candidate, generation=deployment.generation + 1, updated_at=now
         )
-        _promote_version(rollout, reason)
         event(rollout, "succeeded", reason, at=now)
+        _promote_version(rollout, reason, actor, by_hand)
         audit_record(
             actor=actor,
             action="rollout.succeeded",
@@ -183,24 +201,46 @@ def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM) -> Roll
             after={"version": str(rollout.candidate)},
         )
         enqueue_reconcile(regions)
-        _notify_on_commit(rollout)
     publish()
+    _notify(rollout)
     return rollout
 
 
-def _promote_version(rollout: Rollout, reason: str) -> None:
+def _promote_version(rollout: Rollout, reason: str, actor: Principal, by_hand: bool) -> None:
+    """Production through the registry's gate: this rollout is its evidence when analysis judged it in
+    every region; promoted by hand, only an actor who may override a gate moves the version, with the
+    override recorded. Otherwise the version stays canary, and the rollout's timeline says why."""
     candidate = ModelVersion.objects.get(pk=rollout.candidate_id)
-    if rollout.promotes_version and candidate.status == VersionStatus.CANARY:
+    if not rollout.promotes_version or candidate.status != VersionStatus.CANARY:
+        return
+    why = f"{rollout}: {reason}"
+    if not by_hand and judged_everywhere(rollout):
+        version_transition(actor=SYSTEM, version=candidate, to=VersionStatus.PRODUCTION, reason=why)
+    elif by_hand and may_override_gate(actor, candidate.model):
         version_transition(
-            actor=SYSTEM, version=candidate, to=VersionStatus.PRODUCTION, reason=f"{rollout}: {reason}"
+            actor=actor, version=candidate, to=VersionStatus.PRODUCTION, reason=why, override=True
         )
-    if rollout.alias and rollout.alias not in BUILTIN_ALIASES and rollout.promotes_version:
+    else:
+        event(
+            rollout, "version", f"{candidate} stays canary: no analysis judged this rollout in every region"
+        )
+        return
+    if rollout.alias and rollout.alias not in BUILTIN_ALIASES:
         alias_move(
             actor=SYSTEM, model=candidate.model, name=rollout.alias, version=candidate, reason=str(rollout)
         )
 
 
-def _notify_on_commit(rollout: Rollout) -> None:
+def judged_everywhere(rollout: Rollout) -> bool:
+    """Whether at least one successful analysis run judged the candidate in every region of the rollout."""
+    regions = {code for wave in rollout.waves for code in wave}
+    judged = set(rollout.analysis_runs.filter(verdict=Verdict.SUCCESSFUL).values_list("region", flat=True))
+    return bool(regions) and regions <= judged
+
+
+def _notify(rollout: Rollout) -> None:
+    """Tell the rollout's webhook how it ended: after the route table is published (a slow receiver never
+    delays the gateways), in the background, to a public address only (the URL is the tenant's)."""
     if not rollout.webhook:
         return
     payload = {
@@ -210,10 +250,26 @@ def _notify_on_commit(rollout: Rollout) -> None:
         "state": rollout.state,
         "reason": rollout.reason,
     }
-    transaction.on_commit(partial(post_json, rollout.webhook, payload))
+    threading.Thread(
+        target=post_json, args=(rollout.webhook, payload), kwargs={"public_only": True}, daemon=True
+    ).start()
 
 
 def evidence_of(version: ModelVersion) -> str:
-    """For the registry's production gate: the rollout that carried this version to the end."""
-    found = Rollout.objects.filter(candidate=version, state=R.SUCCEEDED).order_by("-finished_at").first()
-    return f"{found} succeeded" if found else ""
+    """For the registry's production gate: a rollout that carried this version to the end, judged by
+    analysis in every region (a plan without judged steps, or one promoted by hand, is no evidence)."""
+    for found in Rollout.objects.filter(candidate=version, state=R.SUCCEEDED, promotes_version=True):
+        if judged_everywhere(found):
+            return f"{found} succeeded, judged by analysis in every region"
+    return ""
+
+
+def alias_follow_veto(deployment: Deployment, version: ModelVersion) -> str:
+    """For the reconciler (regions.hooks): a deployment with a rollout in progress moves only by it, and
+    one that rolled ``version`` back does not take it because an alias moved elsewhere."""
+    if Rollout.objects.filter(deployment=deployment, state__in=ACTIVE_STATES).exists():
+        return "a rollout is in progress"
+    last = Rollout.objects.filter(deployment=deployment, candidate=version).order_by("-created_at").first()
+    if last is not None and last.state in ROLLBACK_STATES:
+        return f"{version} was rolled back here ({last}: {last.reason})"
+    return ""

@@ -19,7 +19,7 @@ from core.services.audit import audit_record
 from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import Deployment, Region
 from regions.selectors import deployments_for, gpus_in_use
-from regions.services.placement import check_version_deployable
+from regions.services.placement import check_quota, check_version_deployable
 from registry import selectors as registry_selectors
 from registry.choices import VersionStatus
 from registry.models import ModelVersion, RegisteredModel
@@ -69,6 +69,8 @@ def rollout_start(
         check_version_deployable(actor, candidate)
     regions = [code for wave in checked["waves"] for code in wave]
     _check_regions(deployment, candidate, regions)
+    # A full-size candidate beside the baseline in every region counts against the tenant's GPU quota.
+    check_quota(deployment.owner, deployment.replicas * deployment.gpu_count * len(regions))
     if alias:
         registry_selectors.alias_get(deployment.model, alias)  # 404 for an alias the model lacks
     rollout = Rollout(
@@ -283,4 +285,4 @@ def rollout_promote(*, actor: Principal, rollout: Rollout, reason: str) -> Rollo
             f"The candidate is not ready in {', '.join(missing)}; it cannot take all traffic yet.",
             code="candidate_not_ready",
         )
-    return promote(rollout, f"promoted by {actor.name}: {reason}", actor=actor)
+    return promote(rollout, f"promoted by {actor.name}: {reason}", actor=actor, by_hand=True)

@@ -31,7 +31,7 @@ def test_version_from_draft_to_production(page, world, chat_model):
 
     production = page.locator("form.transition[data-to='production']")
     production.locator("button").click()
-    assert "completed canary" in page.locator(".messages").inner_text()  # the gate holds without an override
+    assert "succeeded rollout" in page.locator(".messages").inner_text()  # the gate holds without an override
     production = page.locator("form.transition[data-to='production']")
     production.locator("input[name=reason]").fill("canary error rate 0.1% over 24h")
     production.locator("input[name=override]").check()

@@ -115,7 +115,14 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     sent: list[contract.UsageRecord] = []
     gateway.usage.record = sent.append  # type: ignore[method-assign]
     route = route_table([TenantPolicy("acme", frozenset({"EU"}))], [_placement()])["acme"]["models"]["chat"]
-    seen = Outcome(route["endpoints"][0], status=200, usage={"prompt_tokens": 3}, ttft_ms=12.5, attempt=1)
+    seen = Outcome(
+        route["endpoints"][0],
+        status=200,
+        usage={"prompt_tokens": 3},
+        ttft_ms=12.5,
+        attempt=2,
+        candidate_errors=1,
+    )
     gateway._meter(
         Reply(None, "r1"), "acme", "chat", {}, {}, seen, time.perf_counter(), datetime.now(UTC), False
     )

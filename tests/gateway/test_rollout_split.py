@@ -398,6 +398,8 @@ def test_through_the_gateway_every_copy_stays_in_the_region_that_served(gw):
             gw.settle()
             gw.control.records.clear()
             gw.ship()
+            if not gw.control.records:  # only candidates that take no share were left: nobody answered
+                continue
             client, *mirrored = gw.control.records  # this request's record, then its copy if any
             for copy in mirrored:
                 assert copy["track"] == contract.MIRROR and client["track"] == STABLE
@@ -406,3 +408,14 @@ def test_through_the_gateway_every_copy_stays_in_the_region_that_served(gw):
                 assert (target["region"], target["deployment"]) == (client["region"], client["deployment"])
                 copies += 1
     assert copies > 10  # the tables did exercise the mirror
+
+
+def test_a_shadow_candidate_never_answers_a_client_even_when_stable_is_gone(gw):
+    """With the stable engine refusing connections and the candidate only mirrored to, the client gets an
+    error, never the unvetted candidate's answer (and is never billed for it)."""
+    candidate = rolling(gw, candidate=0, mirror=100)
+    gw.engine.server.shutdown()
+    gw.engine.server.server_close()
+    answers = [gw.chat(headers={"x-session-id": f"s{n}"}) for n in range(5)]
+    assert all(a.status >= 500 for a in answers)
+    assert candidate.seen == []

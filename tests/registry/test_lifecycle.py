@@ -82,7 +82,7 @@ def test_validated_needs_a_passing_report(world, chat_model):
 
 def test_production_needs_an_override_with_a_reason_by_an_operator_or_tenant_admin(world, chat_model):
     version = advance(register(chat_model, principal(world.alice)), principal(world.alice), "canary")
-    with pytest.raises(Conflict, match="completed canary"):
+    with pytest.raises(Conflict, match="succeeded rollout"):
         version_transition(actor=principal(world.alice), version=version, to=S.PRODUCTION)
     with pytest.raises(ValidationFailed, match="reason"):
         version_transition(actor=principal(world.alice), version=version, to=S.PRODUCTION, override=True)

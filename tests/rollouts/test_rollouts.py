@@ -13,6 +13,7 @@ from core.models import AuditEvent
 from regions.choices import TargetRole
 from regions.models import DeploymentTarget
 from registry.models import ModelVersion
+from registry.services.lifecycle import version_transition
 from rollouts import controller
 from rollouts.models import Rollout
 from rollouts.services import rollouts
@@ -35,7 +36,7 @@ def tracks(tenant: str = "acme", name: str = "chat") -> dict[str, str]:
     return {e["url"]: e["track"] for e in route["endpoints"]}
 
 
-def test_a_canary_walks_its_steps_and_promotes_without_an_override(world, make_region, tiny_model_dir):
+def test_a_canary_walks_its_steps_and_switches_the_deployment(world, make_region, tiny_model_dir):
     s = stage(world, make_region, tiny_model_dir)
     rollout = rollouts.rollout_start(
         actor=s.alice,
@@ -54,10 +55,12 @@ def test_a_canary_walks_its_steps_and_promotes_without_an_override(world, make_r
     drive(rollout, {"succeeded"})
     s.candidate.refresh_from_db()
     s.deployment.refresh_from_db()
-    assert s.candidate.status == "production"
-    assert s.candidate.transitions.filter(to_status="production", gate_override=False).exists()
     assert s.deployment.version == s.candidate
-    assert s.deployment.model.aliases.get(name="production").version == s.candidate
+    # No step was judged, so the rollout is no evidence for the production gate: the version stays canary.
+    assert s.candidate.status == "canary"
+    assert rollout.events.filter(kind="version", message__contains="stays canary").exists()
+    with pytest.raises(Conflict, match="succeeded rollout"):
+        version_transition(actor=s.alice, version=s.candidate, to="production")
     # The candidate revision is the stable one now; the baseline drains, out of the route table.
     assert split_of() == {} and list(tracks().values()) == ["stable"]
     old = DeploymentTarget.objects.get(deployment=s.deployment, role=TargetRole.RETIRING)
@@ -67,7 +70,7 @@ def test_a_canary_walks_its_steps_and_promotes_without_an_override(world, make_r
     old.refresh_from_db()
     assert old.status == "deleted"
     kinds = list(rollout.events.values_list("kind", flat=True))
-    assert kinds[0] == "started" and kinds[-1] == "succeeded" and "weight" in kinds
+    assert kinds[0] == "started" and kinds[-2:] == ["succeeded", "version"] and "weight" in kinds
     actions = set(AuditEvent.objects.filter(target_id=str(rollout.pk)).values_list("action", flat=True))
     assert {"rollout.started", "rollout.succeeded"} <= actions
 
@@ -201,8 +204,6 @@ def test_two_rollouts_on_one_deployment_conflict(world, make_region, tiny_model_
 
 
 def test_production_still_needs_an_override_without_a_rollout(world, make_region, tiny_model_dir):
-    from registry.services.lifecycle import version_transition
-
     s = stage(world, make_region, tiny_model_dir)
     version_transition(actor=s.alice, version=s.candidate, to="canary")
     with pytest.raises(Conflict, match="succeeded rollout"):
@@ -284,3 +285,86 @@ def test_two_passes_racing_to_roll_back_leave_one_rollback(world, make_region, t
         machine.rollback(stale, "failed", "the second pass, which read the rollout before")
     assert rollout.events.filter(kind="failed").count() == 1
     assert controller.advance(rollout.pk) == "failed"
+
+
+def test_promoting_by_hand_moves_the_version_only_for_someone_who_may_override(
+    world, make_region, tiny_model_dir
+):
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(rollout, {"paused"})
+    dave = principal(world.dave)  # a developer: may change deployments, not skip a lifecycle gate
+    rollouts.rollout_promote(actor=dave, rollout=rollout, reason="looks fine to me")
+    s.deployment.refresh_from_db()
+    s.candidate.refresh_from_db()
+    assert rollout.state == "succeeded" and s.deployment.version == s.candidate
+    assert s.candidate.status == "canary"  # no analysis, no override: the registry's gate is not passed
+
+    next_version(s.alice, s.baseline, "3.0.0")
+    second = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="3.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(second, {"paused"})
+    rollouts.rollout_promote(actor=s.alice, rollout=second, reason="the canary is fine, ship it")
+    third = ModelVersion.objects.get(model=s.baseline.model, version="3.0.0")
+    assert third.status == "production"
+    assert third.transitions.get(to_status="production").gate_override  # recorded as the override it is
+
+
+def test_a_rollback_that_lands_first_leaves_no_candidate_to_start(world, make_region, tiny_model_dir):
+    from rollouts.services import machine
+
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(actor=s.alice, deployment=s.deployment, version="2.0.0")
+    machine.rollback(rollout, "aborted", "changed my mind")
+    assert machine.ensure_candidates(rollout, ["eu-west-1"]) == []  # a pass that read it as pending
+    assert not DeploymentTarget.objects.filter(deployment=s.deployment, role=TargetRole.CANDIDATE).exists()
+
+
+def test_a_deployment_is_not_scaled_during_its_rollout(world, make_region, tiny_model_dir):
+    from regions.services.deployments import deployment_scale
+
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(rollout, {"paused"})
+    with pytest.raises(Conflict, match="being rolled out"):
+        deployment_scale(actor=s.alice, deployment=s.deployment, replicas=2)
+
+
+def test_a_candidate_deprecated_mid_rollout_is_rolled_back(world, make_region, tiny_model_dir):
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(rollout, {"paused"})
+    s.candidate.refresh_from_db()
+    version_transition(actor=s.alice, version=s.candidate, to="deprecated", reason="security issue")
+    controller.advance(rollout.pk)
+    rollout.refresh_from_db()
+    assert rollout.state == "failed" and "deprecated" in rollout.reason
+
+
+def test_an_alias_moved_by_a_sibling_does_not_switch_a_deployment_that_rolled_it_back(
+    world, make_region, tiny_model_dir
+):
+    from registry.services.lifecycle import alias_move
+
+    s = stage(world, make_region, tiny_model_dir)
+    alias_move(actor=s.alice, model=s.baseline.model, name="stable", version=s.baseline)
+    s.deployment.follow_alias = "stable"
+    s.deployment.save()
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=[{"set_weight": 10}, OPEN]
+    )
+    drive(rollout, {"paused"})
+    rollouts.rollout_abort(actor=s.alice, rollout=rollout, reason="slow here")
+    alias_move(
+        actor=s.alice, model=s.baseline.model, name="stable", version=s.candidate
+    )  # a sibling's success
+    converge(s.deployment)
+    s.deployment.refresh_from_db()
+    assert s.deployment.version == s.baseline
