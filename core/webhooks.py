@@ -28,7 +28,9 @@ def public_host(url: str) -> bool:
         found = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):
         return False
-    return bool(found) and all(ipaddress.ip_address(address.split("%")[0]).is_global for address in found)
+    return bool(found) and all(
+        ipaddress.ip_address(str(address).split("%")[0]).is_global for address in found
+    )
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 5.0, public_only: bool = False) -> bool:

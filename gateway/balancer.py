@@ -91,11 +91,8 @@ def answering(
     a client, not even when the stable revision beside it is gone (the next region does, or nobody)."""
     if preview == contract.CANDIDATE:
         return endpoints
-    return [
-        e
-        for e in endpoints
-        if track_of(e) != contract.CANDIDATE or splits.get(e["region"], {}).get("candidate", 0) > 0
-    ]
+    serving = {region for region, split in splits.items() if split["candidate"] > 0}
+    return [e for e in endpoints if track_of(e) != contract.CANDIDATE or e["region"] in serving]
 
 
 def on_track(tier: list[contract.Endpoint], track: str) -> list[contract.Endpoint]:

@@ -142,9 +142,9 @@ def gateway_requests(
     owner = {(s.version, track): name for name, s in sides.items() for track in s.tracks}
     for version, track, status, latency_ms, ttft_ms, tokens, stream, candidate_errors in rows.iterator():
         found[CANDIDATE].fail(candidate_errors)
-        side = owner.get((version, track))
-        if side is not None:
-            found[side].add(status, latency_ms, ttft_ms, tokens, stream)
+        name = owner.get((version, track))
+        if name is not None:
+            found[name].add(status, latency_ms, ttft_ms, tokens, stream)
     return found
 
 

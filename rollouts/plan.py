@@ -21,7 +21,7 @@ from rollouts.choices import Strategy
 MAX_STEPS = 50
 MAX_PAUSE_SECONDS = 7 * 24 * 3600
 MAX_MIN_REQUESTS = 10_000_000
-STEP_KINDS = {
+STEP_KINDS: dict[str, frozenset[str]] = {
     Strategy.CANARY: frozenset({"set_weight", "pause"}),
     Strategy.BLUE_GREEN: frozenset({"pause"}),
     Strategy.SHADOW: frozenset({"set_mirror", "pause"}),

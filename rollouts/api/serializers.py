@@ -70,7 +70,7 @@ class RolloutEventSerializer(serializers.ModelSerializer):
 
 
 class RolloutSerializer(serializers.ModelSerializer):
-    owner = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    owner = serializers.SerializerMethodField()
     deployment = serializers.SerializerMethodField()
     candidate = serializers.SerializerMethodField()
     baseline = serializers.SerializerMethodField()
@@ -102,6 +102,9 @@ class RolloutSerializer(serializers.ModelSerializer):
             "updated_at",
             "finished_at",
         ]
+
+    def get_owner(self, rollout: Rollout) -> str:
+        return rollout.owner.slug
 
     def get_deployment(self, rollout: Rollout) -> str:
         return f"{rollout.owner.slug}/{rollout.deployment.name}"
