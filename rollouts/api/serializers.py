@@ -25,12 +25,12 @@ class RolloutWriteSerializer(StrictSerializer):
     steps = serializers.JSONField(required=False, default=None)
     analysis = serializers.JSONField(required=False, default=None)
     waves = serializers.JSONField(required=False, default=None)
-    alias = serializers.SlugField(max_length=64, required=False, default="")
+    alias = serializers.SlugField(max_length=64, required=False)
     on_failure = serializers.ChoiceField(choices=OnFailure.choices, default=OnFailure.STAGED)
     rollback_window_seconds = serializers.IntegerField(min_value=0, max_value=7 * 24 * 3600, default=300)
     progress_deadline_seconds = serializers.IntegerField(min_value=1, max_value=24 * 3600, default=900)
     webhook = serializers.URLField(
-        max_length=500, required=False, default="", validators=[URLValidator(schemes=["http", "https"])]
+        max_length=500, required=False, validators=[URLValidator(schemes=["http", "https"])]
     )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
