@@ -42,10 +42,12 @@ from django.core.management import call_command  # noqa: E402
 from core.choices import PlatformRole, Scope, TenantRole  # noqa: E402
 from core.services.tenants import service_account_create  # noqa: E402
 from core.services.tokens import token_create  # noqa: E402
+from regions.drivers.factory import driver_for  # noqa: E402
 from regions.models import DeploymentTarget  # noqa: E402
 from regions.reconciler import reconcile_target  # noqa: E402
 from regions.services.deployments import deployment_create  # noqa: E402
 from regions.services.regions import region_create  # noqa: E402
+from regions.workloads import target_workload  # noqa: E402
 from rollouts import controller  # noqa: E402
 from rollouts.services import machine, rollouts  # noqa: E402
 from routing import services as routing  # noqa: E402
@@ -132,6 +134,8 @@ def main() -> None:
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)
+        for target in DeploymentTarget.objects.select_related("deployment", "region"):
+            driver_for(target.region).delete(target_workload(target))  # no engine outlives the bench
     for label, index in (("rollback written", 0), ("gateway serving 0 % candidate", 1)):
         values = [r[index] for r in results]
         print(f"{label}: median {statistics.median(values):.1f} ms, max {max(values):.1f} ms")

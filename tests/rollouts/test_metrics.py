@@ -38,6 +38,7 @@ GATEWAY_SPEC = AnalysisSpec(
         MetricSpec("error_rate", "gateway", "rate", max_increase=0.01),
     ),
     min_samples=20,
+    alpha=0.05,
 )
 VLLM_TTFT = MetricSpec("vllm:time_to_first_token_seconds", "prometheus", "p95", max_ratio=1.1)
 WAITING = MetricSpec("vllm:num_requests_waiting", "prometheus", "mean", max=1.0)
