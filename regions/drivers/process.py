@@ -41,6 +41,10 @@ class ProcessConfig:
     # two engines on one host (a rollout's baseline and candidate) would share one core while the others
     # idle, and the busier engine starves the other. "nobind" leaves placement to the kernel.
     cpu_bind: str = "nobind"
+    # Threads per vLLM engine (OMP_NUM_THREADS); None: all cores. Engines sharing a small host run best with
+    # a thread or a few each: OpenMP regions wait on their slowest thread, so oversubscribed cores slow the
+    # engine with less traffic most (its baseline's load preempts it).
+    cpu_threads: int | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, Any], default_state_dir: str) -> "ProcessConfig":
@@ -51,12 +55,18 @@ class ProcessConfig:
             "kv_cache_gib",
             "max_backoff_seconds",
             "cpu_bind",
+            "cpu_threads",
         }
         if unknown:
             raise ValidationFailed(f"Unknown process driver setting(s): {', '.join(sorted(unknown))}.")
         config = cls(**{"state_dir": default_state_dir, **raw})
         if config.engine not in {"auto", "vllm", "simulator"}:
             raise ValidationFailed("engine must be auto, vllm or simulator.")
+        if not isinstance(config.cpu_bind, str) or not config.cpu_bind:
+            raise ValidationFailed("cpu_bind must be auto, nobind or vLLM's core list (e.g. 0-3).")
+        threads = config.cpu_threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValidationFailed("cpu_threads must be a whole number of at least 1 (or left out).")
         return config
 
     @property
@@ -309,6 +319,7 @@ class ProcessDriver:
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_CPU_KVCACHE_SPACE": str(self.config.kv_cache_gib),
             "VLLM_CPU_OMP_THREADS_BIND": self.config.cpu_bind,
+            **({"OMP_NUM_THREADS": str(self.config.cpu_threads)} if self.config.cpu_threads else {}),
             "PYTHONUNBUFFERED": "1",
         }
 

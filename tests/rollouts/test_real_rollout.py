@@ -1,8 +1,8 @@
 """Rollouts on real vLLM engines (CPU build, tiny model) behind the real gateway, judged on real Prometheus.
 
 One story, because each engine takes about a minute and 3 GB to start: acme's `chat` runs tiny-llama
-1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 with analysis on
-the gateway's records and vLLM's own TTFT histograms, succeeds, becomes production without an override,
+1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
+resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds, becomes production without an override,
 moves the alias and retires the baseline. Then 3.0.0, started with max_num_seqs=1 (one sequence at a
 time), is canaried while clients keep four requests in flight: it is genuinely slower, the TTFT analysis
 catches it, and it is rolled back with no failed client request.
@@ -49,6 +49,10 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("prometheus"), reason="Prometheus is not installed"),
 ]
 JUDGED = {"seconds": 30, "min_requests": 25}
+# WATCHED: on two shared cores an engine with 10 % of the requests answers its first token several times
+# slower than the one with 90 % (vLLM's own histogram, warmed: p95 0.44 s against 0.096 s, p 6e-9): the
+# busy engine's load preempts the idle one. That is this machine, not the candidate, so the 10 % step is
+# watched and resumed, and the judged step runs at 50 %, where both engines carry the same load.
 # Two engines share two cores with the gateway, the control plane and Prometheus here, so an engine's
 # latency moves with the other's load: an equal candidate measured within 1.5× of its baseline (p95 at
 # 10 % weight), a one-sequence-at-a-time candidate at several times. The ratio sits between the two.
@@ -129,6 +133,7 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
 ):
     prometheus_url, scrape = prometheus
     region = make_region("eu-west-1", "EU", engine="vllm")
+    region.driver_config["cpu_threads"] = 1  # two engines on two cores: one thread each, no oversubscription
     region.prometheus_url = prometheus_url
     region.save()
     alice = principal(world.alice)
@@ -152,7 +157,8 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
                 actor=alice,
                 deployment=deployment,
                 version="2.0.0",
-                steps=[{"set_weight": 10}, {"pause": JUDGED}, {"set_weight": 50}, {"pause": JUDGED}],
+                # 10 % watched by a person, 50 % judged: see WATCHED below.
+                steps=[{"set_weight": 10}, {"pause": {}}, {"set_weight": 50}, {"pause": JUDGED}],
                 analysis=ANALYSIS,
                 rollback_window_seconds=0,
             )
@@ -160,14 +166,18 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             wait_for(lambda: _scraped_once(good, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
             clients.going.set()
             drive(good, {"succeeded", "failed", "paused"}, timeout=300)
+            assert good.state == "paused" and good.step == 1, good.reason  # at 10 %, waiting for a person
+            rollouts.rollout_resume(actor=alice, rollout=good)
+            drive(good, {"succeeded", "failed", "paused"}, timeout=300)
             print("good rollout:", json.dumps(_runs(good), indent=1))  # shown when the test fails
+            (tmp_path / "good-runs.json").write_text(json.dumps(_runs(good)))
             assert good.state == "succeeded", good.reason
             v2 = ModelVersion.objects.get(pk=good.candidate_id)
             assert v2.status == "production"
             assert v2.transitions.filter(to_status="production", gate_override=False).exists()
             assert v2.model.aliases.get(name="production").version == v2
             runs = list(AnalysisRun.objects.filter(rollout=good))
-            assert len(runs) == 2 and all(r.verdict == "successful" for r in runs)
+            assert len(runs) == 1 and runs[0].verdict == "successful", _runs(good)
             prom = [m for r in runs for m in r.measurements if m["source"] == "prometheus"]
             assert prom and all(m["candidate_samples"] > 0 and m["baseline_samples"] > 0 for m in prom)
             wait_for(
@@ -194,6 +204,7 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             rolled_back_at = time.monotonic()
             time.sleep(3)  # the gateway's next generation, then a few more answers
         print("slow rollout:", json.dumps(_runs(bad), indent=1))
+        (tmp_path / "slow-runs.json").write_text(json.dumps(_runs(bad)))
         assert bad.state == "failed", bad.reason
         assert "analysis failed" in bad.reason
         (run,) = AnalysisRun.objects.filter(rollout=bad)
@@ -211,8 +222,31 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         gateway.stop()
 
 
+def warm(endpoint: str, rounds: int = 6) -> None:
+    """What an operator's smoke test does before a new engine takes traffic: requests of the clients' shape
+    straight to it, four at a time. A fresh CPU engine is slow on its first batches of each size, and a
+    candidate at 10 % would take minutes to see them all, judged against a baseline that has."""
+
+    def one() -> None:
+        for _ in range(rounds):
+            body = {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "Tell me about regions"}],
+                "max_tokens": 32,
+                "stream": True,
+            }
+            with requests.post(f"{endpoint}/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+                list(r.iter_lines())
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
-    """Drive the rollout until its candidate is up, then point Prometheus at every engine."""
+    """Drive the rollout until its candidate is up, warm it, then point Prometheus at every engine."""
     converge(rollout.deployment)
     controller.advance(rollout.pk)
     rollout.refresh_from_db()
@@ -222,6 +256,7 @@ def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
     ).first()
     if candidate is None:
         return False
+    warm(candidate.endpoints[0])
     scrape_all()
     return True
 
