@@ -138,7 +138,9 @@ class LocalStore:
     def complete(self, key: str, upload_id: str, parts: dict[int, str], sha256: str) -> None:
         folder, target = self._parts(key, upload_id), self._path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_suffix(".partial")
+        # One partial file per upload: two ingests of the same content (two versions sharing weights) may
+        # complete at once; each renames its own whole copy onto the content address, and either is right.
+        partial = target.with_name(f"{target.name}.{upload_id}.partial")
         with partial.open("wb") as out:
             for number in sorted(parts):
                 with (folder / f"{number:05d}.part").open("rb") as part:

@@ -537,3 +537,31 @@ def test_the_periodic_pass_resumes_dead_copies_and_retries_failures_after_their_
     states = lambda: {c: ArtifactReplica.objects.get(pk=r.pk).state for c, r in replicas.items()}  # noqa: E731
     wait_for(lambda: states()["a"] == states()["b"] == "ready", timeout=60)
     assert states() == {"a": "ready", "b": "ready", "c": "failed", "d": "failed"}
+
+
+def test_two_uploads_of_the_same_content_completing_together_both_succeed(tmp_path, monkeypatch):
+    """Two versions sharing weights are ingested at once: the second completion runs whole while the first is
+    about to move its file into place, and neither may take the other's file."""
+    import hashlib
+    from pathlib import Path
+
+    from artifacts.drivers.stores import LocalStore
+
+    store = LocalStore(tmp_path)
+    data = b"the same weights" * 1000
+    sha = hashlib.sha256(data).hexdigest()
+    key = f"blobs/sha256/{sha}"
+    first, second = store.begin(key), store.begin(key)
+    parts = {upload: {1: store.put_part(key, upload, 1, data)} for upload in (first, second)}
+    rename, interleaved = Path.rename, []
+
+    def rename_after_the_other(self, target):  # type: ignore[no-untyped-def]
+        if not interleaved and str(self).endswith(".partial"):
+            interleaved.append(True)
+            store.complete(key, second, parts[second], sha)  # the other ingest, start to end
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename_after_the_other)
+    store.complete(key, first, parts[first], sha)
+    assert interleaved and store.open(key).read() == data
+    assert sorted(p.name for p in (tmp_path / "blobs" / "sha256").iterdir()) == [sha]

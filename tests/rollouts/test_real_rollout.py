@@ -2,10 +2,10 @@
 
 One story, because each engine takes about a minute and 3 GB to start: acme's `chat` runs tiny-llama
 1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
-resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds, becomes production without an override,
-moves the alias and retires the baseline. Then 3.0.0, started with max_num_seqs=1 (one sequence at a
-time), is canaried while clients keep four requests in flight: it is genuinely slower, the TTFT analysis
-catches it, and it is rolled back with no failed client request.
+resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds,
+becomes production without an override, moves the alias and retires the baseline. Then 3.0.0, started
+with max_num_seqs=1 (one sequence at a time), is canaried while clients keep four requests in flight: it
+is genuinely slower, the TTFT analysis catches it, and it is rolled back with no failed client request.
 """
 
 import json
