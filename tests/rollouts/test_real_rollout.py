@@ -4,7 +4,7 @@ One story, because each engine takes about a minute and 3 GB to start: acme's `c
 1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
 resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds,
 becomes production without an override, moves the alias and retires the baseline. Then 3.0.0, started
-with max_num_seqs=1 (one sequence at a time), is canaried while clients keep four requests in flight: it
+with max_num_seqs=1 (one sequence at a time), is canaried while clients keep six requests in flight: it
 is genuinely slower, the TTFT analysis catches it, and it is rolled back with no failed client request.
 """
 
@@ -71,8 +71,11 @@ ANALYSIS = {
 }
 
 
+CLIENTS = 6
+
+
 class Clients:
-    """Four clients, each keeping one streamed chat in flight through the gateway, each its own session."""
+    """CLIENTS clients, each keeping one streamed chat in flight through the gateway, each its own session."""
 
     def __init__(self, gateway: Gateway, token: str):
         self.gateway, self.token = gateway, token
@@ -80,7 +83,7 @@ class Clients:
         self.stop = threading.Event()
         self.going = threading.Event()  # cleared while an engine starts: two cores cannot do both
         self.going.set()
-        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(4)]
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
 
     def _run(self) -> None:
         while not self.stop.is_set():
@@ -89,7 +92,8 @@ class Clients:
             body = {
                 "model": "chat",
                 "messages": [{"role": "user", "content": "Tell me about regions"}],
-                "max_tokens": 32,
+                "max_tokens": 128,
+                "ignore_eos": True,  # every answer the same length: a queue behind one costs a whole answer
                 "stream": True,
             }
             headers = {"Authorization": f"Bearer {self.token}", "x-session-id": uuid.uuid4().hex}
@@ -208,8 +212,11 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         assert bad.state == "failed", bad.reason
         assert "analysis failed" in bad.reason
         (run,) = AnalysisRun.objects.filter(rollout=bad)
-        ttft = next(m for m in run.measurements if m["metric"] == "ttft")
-        assert ttft["verdict"] == "failed" and ttft["candidate"] > ttft["baseline"], ttft
+        # Caught on time to first token: the gateway's, vLLM's own, or both (which one crosses the ratio
+        # first depends on the load this machine is under); both see the candidate slower.
+        ttft = [m for m in run.measurements if m["metric"] in ("ttft", "vllm:time_to_first_token_seconds")]
+        assert any(m["verdict"] == "failed" for m in ttft), ttft
+        assert all(m["candidate"] > m["baseline"] for m in ttft), ttft
         slow.refresh_from_db()
         assert slow.status == "staged"
         assert clients.failed() == [], clients.failed()[:5]
