@@ -4,8 +4,9 @@ One story, because each engine takes about a minute and 3 GB to start: acme's `c
 1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
 resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds,
 becomes production without an override, moves the alias and retires the baseline. Then 3.0.0, started
-with max_num_seqs=1 (one sequence at a time), is canaried while clients keep six requests in flight: it
-is genuinely slower, the TTFT analysis catches it, and it is rolled back with no failed client request.
+with max_num_seqs=1 (one sequence at a time), is warmed at 0 % and canaried at 50 % while clients keep six
+requests in flight: it is genuinely slower, the TTFT analysis catches it, and it is rolled back with no
+failed client request.
 """
 
 import json
@@ -49,6 +50,9 @@ pytestmark = [
     pytest.mark.skipif(not shutil.which("prometheus"), reason="Prometheus is not installed"),
 ]
 JUDGED = {"seconds": 30, "min_requests": 25}
+# The slow candidate's queue takes a while to build (six clients, one sequence at a time): judged over a
+# minute of steady load, its window opening only once it is warm (a person resumes it at 0 %).
+JUDGED_SLOW = {"seconds": 60, "min_requests": 40}
 # WATCHED: on two shared cores an engine with 10 % of the requests answers its first token several times
 # slower than the one with 90 % (vLLM's own histogram, warmed: p95 0.44 s against 0.096 s, p 6e-9): the
 # busy engine's load preempts the idle one. That is this machine, not the candidate, so the 10 % step is
@@ -79,7 +83,7 @@ class Clients:
 
     def __init__(self, gateway: Gateway, token: str):
         self.gateway, self.token = gateway, token
-        self.answers: list[tuple[float, int, str]] = []  # (when, status, x-model-version)
+        self.answers: list[tuple[float, int, str]] = []  # (when it was sent, status, x-model-version)
         self.stop = threading.Event()
         self.going = threading.Event()  # cleared while an engine starts: two cores cannot do both
         self.going.set()
@@ -97,6 +101,7 @@ class Clients:
                 "stream": True,
             }
             headers = {"Authorization": f"Bearer {self.token}", "x-session-id": uuid.uuid4().hex}
+            sent = time.monotonic()
             try:
                 with requests.post(
                     f"{self.gateway.url}/v1/chat/completions",
@@ -109,9 +114,9 @@ class Clients:
                         line == b"data: [DONE]" for line in reply.iter_lines()
                     )
                     status = reply.status_code if complete or reply.status_code != 200 else 599
-                    self.answers.append((time.monotonic(), status, reply.headers.get("x-model-version", "")))
+                    self.answers.append((sent, status, reply.headers.get("x-model-version", "")))
             except requests.RequestException:
-                self.answers.append((time.monotonic(), 0, ""))
+                self.answers.append((sent, 0, ""))
 
     def __enter__(self) -> "Clients":
         for thread in self.threads:
@@ -198,12 +203,13 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
                 actor=alice,
                 deployment=deployment,
                 version="3.0.0",
-                steps=[{"set_weight": 50}, {"pause": JUDGED}],
+                steps=[{"pause": {}}, {"set_weight": 50}, {"pause": JUDGED_SLOW}],
                 analysis=ANALYSIS,
             )
             clients.going.clear()
             wait_for(lambda: _scraped_once(bad, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
             clients.going.set()
+            rollouts.rollout_resume(actor=alice, rollout=drive(bad, {"paused"}, timeout=60))
             drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
             rolled_back_at = time.monotonic()
             time.sleep(3)  # the gateway's next generation, then a few more answers
@@ -220,7 +226,7 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         slow.refresh_from_db()
         assert slow.status == "staged"
         assert clients.failed() == [], clients.failed()[:5]
-        late = [v for t, _, v in clients.answers if t > rolled_back_at + 2]
+        late = [v for sent, _, v in clients.answers if sent > rolled_back_at + 2]  # sent after the rollback
         assert late and set(late) == {"tiny-llama@2.0.0"}, set(late)
         assert UsageRecord.objects.filter(version="tiny-llama@3.0.0").exists()
         table = routing_selectors.current()
@@ -257,7 +263,7 @@ def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
     converge(rollout.deployment)
     controller.advance(rollout.pk)
     rollout.refresh_from_db()
-    assert rollout.state in ("pending", "progressing"), (rollout.state, rollout.reason)
+    assert rollout.state in ("pending", "progressing", "paused"), (rollout.state, rollout.reason)
     candidate = DeploymentTarget.objects.filter(
         deployment=rollout.deployment, role=TargetRole.CANDIDATE, status="ready"
     ).first()
