@@ -15,7 +15,7 @@ test-unit:  ## in seconds: the tests that need no database, server, process or b
 lint:  ## ruff, mypy, import contracts and circles (scripts/structure), deptry
 	scripts/bootstrap test,dev
 	.venv/bin/ruff check . && .venv/bin/ruff format --check . \
-	  && .venv/bin/mypy controlplane core registry regions artifacts billing routing rollouts gateway \
+	  && .venv/bin/mypy controlplane core registry regions artifacts billing routing rollouts autoscaling gateway \
 	  && .venv/bin/lint-imports && .venv/bin/python scripts/structure --check \
 	  && .venv/bin/deptry .
 

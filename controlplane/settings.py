@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "billing",
     "routing",
     "rollouts",
+    "autoscaling",
     "controlplane",
     "axes",
 ]

@@ -86,3 +86,24 @@ def on_alias_follow(
 
 def alias_follow_veto(deployment: Deployment, version: ModelVersion) -> str:
     return next((reason for veto in ALIAS_FOLLOW_VETOES if (reason := veto(deployment, version))), "")
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """What one scale did (``regions.services.deployments``): per region code, (before, after) replicas."""
+
+    deployment: Deployment
+    replicas: dict[str, tuple[int, int]]
+    kind: str  # "manual", or the autoscaler's decision kind (autoscaling.choices.DecisionKind)
+    reason: str
+    detail: dict[str, Any]
+
+
+# Told inside the transaction of every scale (manual or not), so a decision log cannot miss or invent one.
+SCALE_LISTENERS: list[Callable[[Scaled], None]] = []
+
+
+def on_scaled(listener: Callable[[Scaled], None]) -> Callable[[Scaled], None]:
+    if listener not in SCALE_LISTENERS:
+        SCALE_LISTENERS.append(listener)
+    return listener

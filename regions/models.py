@@ -151,6 +151,9 @@ class DeploymentTarget(models.Model):
     purpose = models.CharField(max_length=16, choices=TargetPurpose.choices, default=TargetPurpose.SERVING)
     remove_after = models.DateTimeField(null=True, blank=True)  # retiring: the drain ends, the workload goes
     desired_replicas = models.PositiveSmallIntegerField(default=1)
+    # At zero because the autoscaler found it idle (not paused by hand): the route table offers it as
+    # activatable, and a request held at a gateway wakes it. Any other scale clears it.
+    wakes_on_request = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=TargetStatus.choices, default=TargetStatus.PENDING)
     ready_replicas = models.PositiveSmallIntegerField(default=0)
     endpoints = models.JSONField(default=list, blank=True)

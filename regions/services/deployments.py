@@ -13,6 +13,7 @@ from core.models import Tenant
 from core.principal import Principal
 from core.services.audit import audit_record
 from core.services.validation import full_clean
+from regions import hooks
 from regions.choices import DeploymentState, PlacementMode, TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
 from regions.services import placement
@@ -150,63 +151,169 @@ def _admit_and_save(actor: Principal, deployment: Deployment, explicit: list[str
 def deployment_scale(*, actor: Principal, deployment: Deployment, replicas: int) -> Deployment:
     """Set the replicas of every region; 0 pauses the deployment (its GPUs are released)."""
     actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
+    _check_scalable(deployment)
+    if replicas != 0 and not deployment.min_replicas <= replicas <= deployment.max_replicas:
+        raise ValidationFailed(
+            f"replicas must be 0 (pause) or between {deployment.min_replicas} and {deployment.max_replicas}."
+        )
+    with transaction.atomic():
+        targets = _lock_serving_targets(deployment)
+        _apply_replicas(
+            actor,
+            deployment,
+            {t.region.code: replicas for t in targets},
+            targets,
+            action="deployment.scaled",
+            message=f"{replicas} replica(s) per region" + (" (paused)" if replicas == 0 else ""),
+        )
+        Deployment.objects.filter(pk=deployment.pk).update(replicas=replicas)
+        deployment.refresh_from_db()
+    return deployment
+
+
+def targets_scale(
+    *,
+    actor: Principal,
+    deployment: Deployment,
+    replicas: dict[str, int],
+    reason: str,
+    kind: str,
+    detail: dict[str, Any] | None = None,
+    wakes_on_request: bool = False,
+) -> Deployment:
+    """Set the replicas of some regions (by code), each on its own: the autoscaler's and the gateway's
+    activation's write path. A code the deployment is not in yet adds the region (scale-out), admitted
+    by the same rules as a new deployment: residency, GPUs free, the tenant's quota. ``wakes_on_request``
+    marks the regions set to 0 as idle rather than paused, so a held request wakes them."""
+    actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
+    _check_scalable(deployment)
+    for code, count in replicas.items():
+        if not 0 <= count <= MAX_REPLICAS:
+            raise ValidationFailed(f"replicas for {code} must be between 0 and {MAX_REPLICAS}.")
+    with transaction.atomic():
+        targets = _lock_serving_targets(deployment)
+        targets += _add_regions(deployment, set(replicas) - {t.region.code for t in targets})
+        _apply_replicas(
+            actor,
+            deployment,
+            replicas,
+            targets,
+            action="deployment.autoscaled",
+            message=reason,
+            kind=kind,
+            detail=detail,
+            wakes_on_request=wakes_on_request,
+        )
+        deployment.refresh_from_db()
+    return deployment
+
+
+MAX_REPLICAS = 64
+
+
+def _check_scalable(deployment: Deployment) -> None:
     if deployment.state != DeploymentState.ACTIVE:
         raise Conflict(f"{deployment} is {deployment.state}.", code="not_active")
     if deployment.targets.filter(role=TargetRole.CANDIDATE).exists():
         raise Conflict(
             f"{deployment} is being rolled out; scale it once the rollout has ended.", code="rollout_active"
         )
-    if replicas != 0 and not deployment.min_replicas <= replicas <= deployment.max_replicas:
-        raise ValidationFailed(
-            f"replicas must be 0 (pause) or between {deployment.min_replicas} and {deployment.max_replicas}."
-        )
-    with transaction.atomic():
-        list(GpuPool.objects.select_for_update().filter(gpu_type=deployment.gpu_type).order_by("pk"))
-        targets = list(
-            deployment.targets.exclude(status=TargetStatus.DELETED)
-            .exclude(role=TargetRole.RETIRING)
-            .select_related("region")
-        )
-        _check_room(deployment, targets, replicas)
-        before = {t.region.code: t.desired_replicas for t in targets}
-        DeploymentTarget.objects.filter(pk__in=[t.pk for t in targets]).update(
-            desired_replicas=replicas, next_attempt_at=timezone.now()
-        )
-        Deployment.objects.filter(pk=deployment.pk).update(
-            replicas=replicas, generation=F("generation") + 1, updated_at=timezone.now()
-        )
-        deployment.refresh_from_db()
-        _event(
-            deployment, "scaled", f"{replicas} replica(s) per region" + (" (paused)" if replicas == 0 else "")
-        )
-        audit_record(
-            actor=actor,
-            action="deployment.scaled",
-            target=deployment,
-            tenant=deployment.owner,
-            before=before,
-            after={code: replicas for code in before},
-        )
-        enqueue_reconcile({t.region_id for t in targets})
-    return deployment
 
 
-def _check_room(deployment: Deployment, targets: list[DeploymentTarget], replicas: int) -> None:
-    growth = sum(max(0, replicas - t.desired_replicas) for t in targets) * deployment.gpu_count
-    if growth == 0:
-        return
-    placement.check_quota(
-        deployment.owner, replicas * deployment.gpu_count * len(targets), exclude=deployment
+def _lock_serving_targets(deployment: Deployment) -> list[DeploymentTarget]:
+    """The targets that serve (not retiring, not deleted), with the GPU pools of their type locked so two
+    scale-ups cannot both take the last free GPUs."""
+    list(GpuPool.objects.select_for_update().filter(gpu_type=deployment.gpu_type).order_by("pk"))
+    return list(
+        deployment.targets.exclude(status=TargetStatus.DELETED)
+        .exclude(role=TargetRole.RETIRING)
+        .select_related("region")
     )
+
+
+def _add_regions(deployment: Deployment, codes: set[str]) -> list[DeploymentTarget]:
+    if not codes:
+        return []
+    choices = {
+        c.region.code: c
+        for c in placement.region_choices(
+            tenant=deployment.owner,
+            version=deployment.version,
+            gpu_type=deployment.gpu_type,
+            gpu_count=deployment.gpu_count,
+            replicas=0,
+        )
+    }
+    added = []
+    for code in sorted(codes):
+        choice = choices.get(code)
+        if choice is None:
+            raise NotFound(f"There is no region '{code}'.")
+        if not choice.eligible:
+            raise Conflict(
+                f"{deployment} cannot go to {code}: {'; '.join(choice.reasons)}.", code="region_refused"
+            )
+        added.append(
+            DeploymentTarget.objects.create(deployment=deployment, region=choice.region, desired_replicas=0)
+        )
+    return added
+
+
+def _apply_replicas(
+    actor: Principal,
+    deployment: Deployment,
+    replicas: dict[str, int],
+    targets: list[DeploymentTarget],
+    *,
+    action: str,
+    message: str,
+    kind: str = "manual",
+    detail: dict[str, Any] | None = None,
+    wakes_on_request: bool = False,
+) -> None:
+    """Write the new counts (the GPU pools are locked by the caller), with one event and one audit entry."""
+    changing = [t for t in targets if t.region.code in replicas]
+    _check_room(deployment, changing, replicas)
+    before = {t.region.code: t.desired_replicas for t in changing}
+    now = timezone.now()
+    for target in changing:
+        count = replicas[target.region.code]
+        DeploymentTarget.objects.filter(pk=target.pk).update(
+            desired_replicas=count, wakes_on_request=wakes_on_request and count == 0, next_attempt_at=now
+        )
+    Deployment.objects.filter(pk=deployment.pk).update(generation=F("generation") + 1, updated_at=now)
+    _event(deployment, "scaled", message)
+    audit_record(
+        actor=actor,
+        action=action,
+        target=deployment,
+        tenant=deployment.owner,
+        before=before,
+        after={**{code: replicas[code] for code in before}, **({"detail": detail} if detail else {})},
+    )
+    scaled = {code: (count, replicas[code]) for code, count in before.items()}
+    for listener in hooks.SCALE_LISTENERS:
+        listener(hooks.Scaled(deployment, scaled, kind, message, detail or {}))
+    enqueue_reconcile({t.region_id for t in changing})
+
+
+def _check_room(deployment: Deployment, targets: list[DeploymentTarget], replicas: dict[str, int]) -> None:
+    growth = {t.pk: max(0, replicas[t.region.code] - t.desired_replicas) for t in targets}
+    if not any(growth.values()):
+        return
+    extra = sum(growth.values()) * deployment.gpu_count
+    placement.check_quota(deployment.owner, extra, exclude=None)
     for target in targets:
+        if not growth[target.pk]:
+            continue
         pool = target.region.gpu_pools.filter(gpu_type=deployment.gpu_type).first()
+        wanted = replicas[target.region.code] * deployment.gpu_count
         free = (pool.gpu_count if pool else 0) - placement.gpus_in_use(
             target.region, deployment.gpu_type, deployment
         )
-        if replicas * deployment.gpu_count > free:
+        if wanted > free:
             raise Conflict(
-                f"{target.region.code} has {free} {deployment.gpu_type} GPUs free; "
-                f"{replicas * deployment.gpu_count} needed.",
+                f"{target.region.code} has {free} {deployment.gpu_type} GPUs free; {wanted} needed.",
                 code="no_capacity",
             )
 

@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+from regions import hooks as regions_hooks
+
+
+class AutoscalingConfig(AppConfig):
+    name = "autoscaling"
+    verbose_name = "Autoscaling"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # The one import that must wait for ready(): the services use the models, loadable only now.
+        from autoscaling.services.decisions import record_scaled
+
+        regions_hooks.on_scaled(record_scaled)
