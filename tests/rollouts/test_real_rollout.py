@@ -58,18 +58,19 @@ JUDGED_SLOW = {"seconds": 60, "min_requests": 40}
 # busy engine's load preempts the idle one. That is this machine, not the candidate, so the 10 % step is
 # watched and resumed, and the judged step runs at 50 %, where both engines carry the same load.
 # Two engines share two cores with the gateway, the control plane and Prometheus here, so an engine's
-# latency moves with the other's load: an equal candidate measured within 1.5× of its baseline (p95 at
-# 10 % weight), a one-sequence-at-a-time candidate at several times. The ratio sits between the two.
+# latency moves with the other's load and with anything else running: an equal candidate measured from
+# 1.0× its baseline (p95, a quiet machine) to 2.8× (other work on the cores), a one-sequence-at-a-time
+# candidate at 6-8× once its queue has built up. The ratio sits between the two.
 ANALYSIS = {
     "min_samples": 20,
     "metrics": [
-        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 2.0},
+        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 3.0},
         {"metric": "error_rate", "source": "gateway", "stat": "rate", "max_increase": 0.02},
         {
             "metric": "vllm:time_to_first_token_seconds",
             "source": "prometheus",
             "stat": "p95",
-            "max_ratio": 2.0,
+            "max_ratio": 3.0,
         },
     ],
 }
