@@ -232,6 +232,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "task": "rollouts.tasks.advance_all",
         "schedule": float(env_int("ROLLOUT_INTERVAL_SECONDS", 5)),
     },
+    "autoscale": {
+        "task": "autoscaling.tasks.evaluate_all",
+        "schedule": float(env_int("AUTOSCALE_INTERVAL_SECONDS", 15)),
+    },
     "reconcile-regions": {
         "task": "regions.tasks.reconcile_all",
         "schedule": env_int("RECONCILE_INTERVAL_SECONDS", 15),

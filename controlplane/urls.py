@@ -18,6 +18,7 @@ urlpatterns = [
     path("api/v1/", include("routing.api.urls")),
     path("api/v1/", include("billing.api.urls")),
     path("api/v1/", include("rollouts.api.urls")),
+    path("api/v1/", include("autoscaling.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

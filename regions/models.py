@@ -154,6 +154,9 @@ class DeploymentTarget(models.Model):
     # At zero because the autoscaler found it idle (not paused by hand): the route table offers it as
     # activatable, and a request held at a gateway wakes it. Any other scale clears it.
     wakes_on_request = models.BooleanField(default=False)
+    # Added by the autoscaler when this region's deployment had no room left in the region named here: it
+    # takes that region's overflow, so the route table puts it in that region's tier.
+    overflow_of = models.CharField(max_length=41, blank=True)
     status = models.CharField(max_length=16, choices=TargetStatus.choices, default=TargetStatus.PENDING)
     ready_replicas = models.PositiveSmallIntegerField(default=0)
     endpoints = models.JSONField(default=list, blank=True)

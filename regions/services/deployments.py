@@ -180,11 +180,13 @@ def targets_scale(
     kind: str,
     detail: dict[str, Any] | None = None,
     wakes_on_request: bool = False,
+    overflow_of: str = "",
 ) -> Deployment:
     """Set the replicas of some regions (by code), each on its own: the autoscaler's and the gateway's
     activation's write path. A code the deployment is not in yet adds the region (scale-out), admitted
-    by the same rules as a new deployment: residency, GPUs free, the tenant's quota. ``wakes_on_request``
-    marks the regions set to 0 as idle rather than paused, so a held request wakes them."""
+    by the same rules as a new deployment: residency, GPUs free, the tenant's quota; it takes the overflow
+    of the region ``overflow_of``. ``wakes_on_request`` marks the regions set to 0 as idle rather than
+    paused, so a held request wakes them."""
     actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
     _check_scalable(deployment)
     for code, count in replicas.items():
@@ -192,7 +194,7 @@ def targets_scale(
             raise ValidationFailed(f"replicas for {code} must be between 0 and {MAX_REPLICAS}.")
     with transaction.atomic():
         targets = _lock_serving_targets(deployment)
-        targets += _add_regions(deployment, set(replicas) - {t.region.code for t in targets})
+        targets += _add_regions(deployment, set(replicas) - {t.region.code for t in targets}, overflow_of)
         _apply_replicas(
             actor,
             deployment,
@@ -231,7 +233,7 @@ def _lock_serving_targets(deployment: Deployment) -> list[DeploymentTarget]:
     )
 
 
-def _add_regions(deployment: Deployment, codes: set[str]) -> list[DeploymentTarget]:
+def _add_regions(deployment: Deployment, codes: set[str], overflow_of: str) -> list[DeploymentTarget]:
     if not codes:
         return []
     choices = {
@@ -254,7 +256,9 @@ def _add_regions(deployment: Deployment, codes: set[str]) -> list[DeploymentTarg
                 f"{deployment} cannot go to {code}: {'; '.join(choice.reasons)}.", code="region_refused"
             )
         added.append(
-            DeploymentTarget.objects.create(deployment=deployment, region=choice.region, desired_replicas=0)
+            DeploymentTarget.objects.create(
+                deployment=deployment, region=choice.region, desired_replicas=0, overflow_of=overflow_of
+            )
         )
     return added
 

@@ -1,0 +1,427 @@
+"""One autoscaler pass over the fleet: every enabled policy, every region, a handful of queries in all.
+
+Reads (whatever the fleet's size): the policies, their stable targets, the scaler states, one aggregate
+of recent requests, the GPUs in use per pool and per tenant, the prices, and per region its signals
+(``signals``: a few PromQL queries, or one read of the probes). Decides per region (``algorithm``),
+places each group's net change (``fleet``), and writes only what changed: a scale goes through regions'
+``targets_scale`` (audited, logged as a decision, converged by the reconciler); a state row is written when
+its recommendations, rate-limit memory or limits changed, or its once-a-minute timeline sample is due.
+A deployment in a rollout is left alone (its replicas are the rollout's), and so is a region that
+delegates to an in-cluster scaler.
+"""
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import F, Max, Sum
+
+from autoscaling import algorithm, fleet, signals
+from autoscaling.choices import DecisionKind, ScalerMode
+from autoscaling.models import AutoscalingPolicy, ScalerState
+from autoscaling.policy import Policy, effective
+from billing.models import UsageRecord
+from billing.reports import prices_now
+from core.choices import AuditSource
+from core.errors import ApplicationError
+from core.models import Tenant
+from core.principal import Principal
+from regions.choices import DeploymentState, DriverKind, TargetRole, TargetStatus
+from regions.models import Deployment, DeploymentTarget, GpuPool, Region
+from regions.selectors import LIVE_TARGETS
+from regions.services import placement
+from regions.services.deployments import targets_scale
+
+log = logging.getLogger(__name__)
+AUTOSCALER = Principal.system("autoscaler", source=AuditSource.TASK)
+SAMPLE_SECONDS = 60  # the console's timeline: one point a minute
+SAMPLES_KEPT = 60  # an hour
+
+
+@dataclass
+class Report:
+    deployments: int = 0
+    targets: int = 0
+    scaled: list[str] = field(default_factory=list)  # "tenant/name: reason"
+    limited: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)  # region code: where its signals came from
+
+
+@dataclass
+class Fleet:
+    """What one pass read, shared by every deployment's decision."""
+
+    now: datetime
+    values: dict[int, signals.Values]
+    last_request: dict[tuple[int, str], datetime]
+    free_gpus: dict[tuple[int, str], int]  # (region id, GPU type): free
+    tenant_room: dict[int, int | None]  # tenant id: GPUs its quota still allows (None: no quota)
+    price: Any  # billing.reports.prices_now
+
+
+def evaluate_all(*, now: datetime) -> Report:
+    policies = list(
+        AutoscalingPolicy.objects.filter(
+            enabled=True, deployment__state=DeploymentState.ACTIVE
+        ).select_related("deployment__owner", "deployment__version")
+    )
+    in_rollout = set(
+        DeploymentTarget.objects.filter(role=TargetRole.CANDIDATE)
+        .exclude(status=TargetStatus.DELETED)
+        .values_list("deployment_id", flat=True)
+    )
+    policies = [p for p in policies if p.deployment_id not in in_rollout]
+    targets = _targets(policies)
+    states = _states(targets)
+    report = Report(deployments=len(policies), targets=len(targets))
+    data = Fleet(
+        now=now,
+        values=_values(targets, policies, report),
+        last_request=_last_requests(policies, now),
+        free_gpus=_free_gpus(),
+        tenant_room=_tenant_room({p.deployment.owner_id for p in policies}),
+        price=prices_now(now),
+    )
+    by_deployment: dict[int, list[DeploymentTarget]] = defaultdict(list)
+    for target in targets:
+        by_deployment[target.deployment_id].append(target)
+    dirty: list[ScalerState] = []
+    for policy in policies:
+        mine = by_deployment.get(policy.deployment_id, [])
+        if mine:
+            dirty += _evaluate_deployment(policy, mine, states, data, report)
+    ScalerState.objects.bulk_update(
+        dirty, ["recommendations", "changes", "samples", "signals", "limited", "evaluated_at"], batch_size=500
+    )
+    return report
+
+
+def _targets(policies: list[AutoscalingPolicy]) -> list[DeploymentTarget]:
+    delegating = {p.deployment_id for p in policies if p.mode != ScalerMode.CONTROL_PLANE}
+    found = (
+        DeploymentTarget.objects.filter(
+            deployment_id__in=[p.deployment_id for p in policies], role=TargetRole.STABLE
+        )
+        .exclude(status=TargetStatus.DELETED)
+        .select_related("region")
+    )
+    # A Kubernetes region of a delegating policy is scaled by its cluster; other regions stay ours.
+    return [
+        t for t in found if not (t.deployment_id in delegating and t.region.driver == DriverKind.KUBERNETES)
+    ]
+
+
+def _states(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:
+    states = {s.target_id: s for s in ScalerState.objects.filter(target__in=targets)}
+    missing = [ScalerState(target=t) for t in targets if t.pk not in states]
+    for state in ScalerState.objects.bulk_create(missing):
+        states[state.target_id] = state
+    return states
+
+
+def _values(
+    targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report
+) -> dict[int, signals.Values]:
+    windows = {p.deployment_id: int(p.spec.get("window_seconds", Policy.window_seconds)) for p in policies}
+    by_region: dict[int, list[DeploymentTarget]] = defaultdict(list)
+    regions: dict[int, Region] = {}
+    for target in targets:
+        if target.desired_replicas and target.endpoints:
+            by_region[target.region_id].append(target)
+            regions[target.region_id] = target.region
+    values: dict[int, signals.Values] = {}
+    for region_id, found in by_region.items():
+        window = max(windows[t.deployment_id] for t in found)  # one query per signal for the region
+        got, source = signals.region_values(regions[region_id], found, window)
+        values.update(got)
+        report.sources[regions[region_id].code] = source
+    return values
+
+
+def _last_requests(policies: list[AutoscalingPolicy], now: datetime) -> dict[tuple[int, str], datetime]:
+    """When each (deployment, region) last took a request, within the longest idle window of any policy."""
+    longest = max((int(p.spec.get("idle_seconds", Policy.idle_seconds)) for p in policies), default=0)
+    idle = [p.deployment_id for p in policies if int(p.spec.get("min_replicas", 1)) == 0 or p.overrides]
+    if not idle:
+        return {}
+    rows = (
+        UsageRecord.objects.filter(deployment_id__in=idle, started_at__gte=now - timedelta(seconds=longest))
+        .values("deployment_id", "region")
+        .annotate(last=Max("started_at"))
+        .order_by()
+    )
+    return {(r["deployment_id"], r["region"]): r["last"] for r in rows}
+
+
+def _free_gpus() -> dict[tuple[int, str], int]:
+    used = {
+        (r["region_id"], r["deployment__gpu_type"]): int(r["gpus"] or 0)
+        for r in DeploymentTarget.objects.filter(LIVE_TARGETS)
+        .values("region_id", "deployment__gpu_type")
+        .annotate(gpus=Sum(F("desired_replicas") * F("deployment__gpu_count")))
+        .order_by()
+    }
+    return {
+        (pool.region_id, pool.gpu_type): pool.gpu_count - used.get((pool.region_id, pool.gpu_type), 0)
+        for pool in GpuPool.objects.all()
+    }
+
+
+def _tenant_room(tenant_ids: set[int]) -> dict[int, int | None]:
+    used = {
+        r["deployment__owner_id"]: int(r["gpus"] or 0)
+        for r in DeploymentTarget.objects.filter(LIVE_TARGETS, deployment__owner_id__in=tenant_ids)
+        .values("deployment__owner_id")
+        .annotate(gpus=Sum(F("desired_replicas") * F("deployment__gpu_count")))
+        .order_by()
+    }
+    return {
+        t.pk: None if t.max_gpus is None else t.max_gpus - used.get(t.pk, 0)
+        for t in Tenant.objects.filter(pk__in=tenant_ids)
+    }
+
+
+def _evaluate_deployment(
+    policy: AutoscalingPolicy,
+    targets: list[DeploymentTarget],
+    states: dict[int, ScalerState],
+    data: Fleet,
+    report: Report,
+) -> list[ScalerState]:
+    deployment = policy.deployment
+    epoch = data.now.timestamp()
+    decisions: dict[str, algorithm.Decision] = {}
+    policies: dict[str, Policy] = {}
+    for target in targets:
+        code, state = target.region.code, states[target.pk]
+        policies[code] = effective(policy.spec, policy.overrides, code)
+        decisions[code] = algorithm.decide(
+            policies[code],
+            target.desired_replicas,
+            data.values.get(target.pk, {}),
+            idle_seconds=_idle(target, state, data),
+            history=state.recommendations,
+            changes=state.changes,
+            now=epoch,
+        )
+    changed, limited = _apply(deployment, targets, decisions, policies, data, report)
+    dirty = []
+    for target in targets:
+        code, state = target.region.code, states[target.pk]
+        if _remember(
+            state, target, decisions[code], changed.get(code), limited.get(code, ""), data, policies[code]
+        ):
+            dirty.append(state)
+    return dirty
+
+
+def _idle(target: DeploymentTarget, state: ScalerState, data: Fleet) -> float:
+    """Seconds since the region's last request, or since it was last scaled or changed state if later."""
+    moments = [target.last_transition_at]
+    if (last := data.last_request.get((target.deployment_id, target.region.code))) is not None:
+        moments.append(last)
+    seconds = data.now.timestamp() - max(m.timestamp() for m in moments)
+    if state.changes:
+        seconds = min(seconds, data.now.timestamp() - state.changes[-1][0])
+    return max(0.0, seconds)
+
+
+def _groups(targets: list[DeploymentTarget]) -> list[list[DeploymentTarget]]:
+    """A region with the overflow regions that share its traffic; every other region on its own."""
+    by_code = {t.region.code: t for t in targets}
+    groups: dict[str, list[DeploymentTarget]] = defaultdict(list)
+    for target in targets:
+        home = target.overflow_of if target.overflow_of in by_code else target.region.code
+        groups[home].append(target)
+    return list(groups.values())
+
+
+def _apply(
+    deployment: Deployment,
+    targets: list[DeploymentTarget],
+    decisions: dict[str, algorithm.Decision],
+    policies: dict[str, Policy],
+    data: Fleet,
+    report: Report,
+) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """Place each group's change and write it; returns the changes made and the limits met, per region."""
+    changed: dict[str, tuple[int, int]] = {}
+    limited: dict[str, str] = {}
+    for group in _groups(targets):
+        home = group[0].overflow_of or group[0].region.code
+        idle = [t for t in group if decisions[t.region.code].kind == DecisionKind.SCALE_TO_ZERO]
+        if idle and all(t in idle or not t.desired_replicas for t in group):  # the whole group is idle
+            reason = decisions[idle[0].region.code].reason
+            changed |= _scale(
+                deployment,
+                {t.region.code: 0 for t in group},
+                group,
+                DecisionKind.SCALE_TO_ZERO,
+                reason,
+                decisions,
+                report,
+                wakes=True,
+            )
+            continue
+        # A home region at zero is woken by requests, not here; an overflow region at zero may grow again.
+        members = [
+            _member(t, decisions, policies, data, deployment)
+            for t in group
+            if t.desired_replicas or t.overflow_of
+        ]
+        if not members:
+            continue
+        options = _options(deployment, group, data, home) if _wants_more(members, data, deployment) else []
+        room = data.tenant_room.get(deployment.owner_id)
+        quota = None if room is None else fleet.fits(room, deployment.gpu_count)
+        plan = fleet.plan(members, quota, options)
+        if plan.limited:
+            limited[home] = plan.limited
+            report.limited.append(f"{deployment}: {plan.limited}")
+        if plan.replicas:
+            kind = _kind(plan, group)
+            reason = (
+                "; ".join(decisions[m.code].reason for m in members if decisions[m.code].kind) or plan.limited
+            )
+            if plan.spilled_to:
+                reason += f"; {home} is full: spilled to {plan.spilled_to}"
+            changed |= _scale(
+                deployment,
+                plan.replicas,
+                group,
+                kind,
+                reason,
+                decisions,
+                report,
+                overflow_of=home if plan.spilled_to else "",
+            )
+    return changed, limited
+
+
+def _kind(plan: fleet.Plan, group: list[DeploymentTarget]) -> str:
+    if plan.spilled_to:
+        return DecisionKind.SCALE_OUT
+    now = {t.region.code: t.desired_replicas for t in group}
+    grew = any(count > now.get(code, 0) for code, count in plan.replicas.items())
+    return DecisionKind.SCALE_UP if grew else DecisionKind.SCALE_DOWN
+
+
+def _member(
+    target: DeploymentTarget,
+    decisions: dict[str, algorithm.Decision],
+    policies: dict[str, Policy],
+    data: Fleet,
+    deployment: Deployment,
+) -> fleet.Member:
+    code, policy = target.region.code, policies[target.region.code]
+    free = data.free_gpus.get((target.region_id, deployment.gpu_type), 0)
+    return fleet.Member(
+        code=code,
+        current=target.desired_replicas,
+        wanted=decisions[code].replicas,
+        floor=0 if target.overflow_of else max(policy.min_replicas, 1),
+        ceiling=policy.max_replicas,
+        room=fleet.fits(free, deployment.gpu_count),
+        price=_price(data, target.region, deployment.gpu_type),
+    )
+
+
+def _price(data: Fleet, region: Region, gpu_type: str) -> Decimal:
+    found = data.price(region, gpu_type)
+    return fleet.UNPRICED if found is None else Decimal(found)
+
+
+def _wants_more(members: list[fleet.Member], data: Fleet, deployment: Deployment) -> bool:
+    net = sum(m.wanted - m.current for m in members)
+    return net > sum(min(m.room, m.ceiling - m.current) for m in members)
+
+
+def _options(
+    deployment: Deployment, group: list[DeploymentTarget], data: Fleet, home: str
+) -> list[fleet.Option]:
+    """Compliant regions (``placement.region_choices``: residency, an active region, GPUs of the type) the
+    deployment is not in, with the replicas that fit there. Asked only when the group needs them."""
+    present = set(
+        deployment.targets.exclude(status=TargetStatus.DELETED).values_list("region__code", flat=True)
+    )
+    choices = placement.region_choices(
+        tenant=deployment.owner,
+        version=deployment.version,
+        gpu_type=deployment.gpu_type,
+        gpu_count=deployment.gpu_count,
+        replicas=1,
+    )
+    return [
+        fleet.Option(
+            c.region.code,
+            fleet.fits(c.free_gpus, deployment.gpu_count),
+            _price(data, c.region, deployment.gpu_type),
+        )
+        for c in choices
+        if c.eligible and c.region.code not in present
+    ]
+
+
+def _scale(
+    deployment: Deployment,
+    replicas: dict[str, int],
+    group: list[DeploymentTarget],
+    kind: str,
+    reason: str,
+    decisions: dict[str, algorithm.Decision],
+    report: Report,
+    *,
+    wakes: bool = False,
+    overflow_of: str = "",
+) -> dict[str, tuple[int, int]]:
+    before = {t.region.code: t.desired_replicas for t in group}
+    detail = {"signals": {code: d.signals for code, d in decisions.items() if code in replicas and d.signals}}
+    try:
+        targets_scale(
+            actor=AUTOSCALER,
+            deployment=deployment,
+            replicas=replicas,
+            reason=reason,
+            kind=kind,
+            detail=detail,
+            wakes_on_request=wakes,
+            overflow_of=overflow_of,
+        )
+    except ApplicationError as exc:  # raced a manual scale, a rollout, the last GPUs: next pass decides again
+        log.info("autoscaler: %s not scaled: %s", deployment, exc)
+        return {}
+    report.scaled.append(f"{deployment}: {reason}")
+    return {code: (before.get(code, 0), count) for code, count in replicas.items()}
+
+
+def _remember(
+    state: ScalerState,
+    target: DeploymentTarget,
+    decision: algorithm.Decision,
+    change: tuple[int, int] | None,
+    limited: str,
+    data: Fleet,
+    policy: Policy,
+) -> bool:
+    """Update the state; True when it must be written."""
+    epoch = data.now.timestamp()
+    dirty = False
+    if decision.recommendations != state.recommendations:
+        state.recommendations, dirty = decision.recommendations, True
+    keep = max(policy.scale_up_period_seconds, policy.scale_down_period_seconds)
+    changes = [c for c in state.changes if c[0] > epoch - keep]
+    if change is not None:
+        changes.append([epoch, *change])
+    if changes != state.changes:
+        state.changes, dirty = changes, True
+    if limited != state.limited:
+        state.limited, dirty = limited, True
+    values = data.values.get(target.pk, {})
+    if not state.samples or epoch - state.samples[-1][0] >= SAMPLE_SECONDS or change is not None:
+        replicas = change[1] if change is not None else target.desired_replicas
+        state.samples = [*state.samples, [epoch, replicas, values]][-SAMPLES_KEPT:]
+        state.signals, state.evaluated_at, dirty = values, data.now, True
+    return dirty
