@@ -1,10 +1,12 @@
 """The API docs group operations by capability (one tag each), decided here in one place by path."""
 
+import fnmatch
 from typing import Any
 
 API_PREFIX = "/api/v1/"
 
-# (tag, description, path prefixes under /api/v1/), in the order the docs show them.
+# (tag, description, path prefixes under /api/v1/), in the order the docs show them; a ``*`` in a prefix
+# stands for one path segment, and the longest matching prefix wins.
 CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "tenants & access",
@@ -33,6 +35,11 @@ CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
         ("rollouts/",),
     ),
     (
+        "autoscaling",
+        "Autoscaling policies per deployment, their scaling state, and the decision log.",
+        ("deployments/*/*/autoscaling/", "scaling-decisions/"),
+    ),
+    (
         "usage & costs",
         "Usage records from gateways, GPU prices, cost reports, idle GPUs, budgets.",
         ("usage/", "costs/", "prices/", "budgets/"),
@@ -51,7 +58,7 @@ def capability_of(path: str) -> str:
         (len(prefix), name)
         for name, _, prefixes in CAPABILITIES
         for prefix in prefixes
-        if rest.startswith(prefix)
+        if fnmatch.fnmatchcase(rest, prefix + "*") and rest.count("/") >= prefix.count("/")
     ]
     return max(matches)[1] if matches else UNCLASSIFIED
 

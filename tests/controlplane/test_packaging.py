@@ -78,7 +78,7 @@ def test_the_installed_control_plane_checks_migrates_and_serves_the_console(
         "assert '/site-packages/' in controlplane.__file__, controlplane.__file__\n"
         "from django.test import Client\n"
         "from django.contrib.staticfiles import finders\n"
-        "import gateway, routing, rollouts, artifacts, regions, registry, billing\n"
+        "import gateway, routing, rollouts, autoscaling, artifacts, regions, registry, billing\n"
         "assert finders.find('controlplane/console.css'), 'static files missing'\n"
         "page = Client(HTTP_HOST='localhost').get('/login/')\n"
         "assert page.status_code == 200, page.status_code\n"
