@@ -250,10 +250,10 @@ def _add_regions(deployment: Deployment, codes: set[str], overflow_of: str) -> l
     for code in sorted(codes):
         choice = choices.get(code)
         if choice is None:
-            raise NotFound(f"There is no region '{code}'.")
+            raise Conflict(f"There is no region '{code}'.", code="unknown_region")
         if not choice.eligible:
             raise Conflict(
-                f"{deployment} cannot go to {code}: {'; '.join(choice.reasons)}.", code="region_refused"
+                f"{deployment} cannot go to {code}: {'; '.join(choice.reasons)}.", code="region_not_eligible"
             )
         added.append(
             DeploymentTarget.objects.create(
