@@ -294,6 +294,8 @@ SPECTACULAR_SETTINGS = {
         "TargetStatusEnum": "regions.choices.TargetStatus",
         "DeploymentStateEnum": "regions.choices.DeploymentState",
         "RolloutStateEnum": "rollouts.choices.RolloutState",
+        "ScalingDecisionKindEnum": "autoscaling.choices.DecisionKind",
+        "ScalerModeEnum": "autoscaling.choices.ScalerMode",
     },
 }
 
