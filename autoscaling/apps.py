@@ -9,7 +9,9 @@ class AutoscalingConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The one import that must wait for ready(): the services use the models, loadable only now.
+        # The imports that must wait for ready(): they use the models, loadable only now.
+        from autoscaling.kubernetes import in_cluster_scaler
         from autoscaling.services.decisions import record_scaled
 
         regions_hooks.on_scaled(record_scaled)
+        regions_hooks.on_in_cluster_scaler(in_cluster_scaler)

@@ -6,6 +6,7 @@ their AppConfig.ready() (artifacts, billing), and the reconciler and the process
   that store into its model cache. A region with an object store and no provider starts nothing: weights
   nobody verified are never served.
 - Allocation listeners (billing's metering): after every reconcile, the GPUs a target holds.
+- In-cluster scalers (autoscaling): whether a Kubernetes workload is sized by an HPA or KEDA, and how.
 
 Only types are imported from regions' models, so an AppConfig module may import this one at its top.
 """
@@ -107,3 +108,21 @@ def on_scaled(listener: Callable[[Scaled], None]) -> Callable[[Scaled], None]:
     if listener not in SCALE_LISTENERS:
         SCALE_LISTENERS.append(listener)
     return listener
+
+
+# Asked for a stable target in a Kubernetes region (autoscaling): the in-cluster autoscaler to render
+# beside its workload (``WorkloadSpec.scaler``), or {} when the control plane sizes it. The first
+# non-empty answer wins; with no listener every workload is sized by the control plane.
+IN_CLUSTER_SCALERS: list[Callable[[DeploymentTarget], dict[str, Any]]] = []
+
+
+def on_in_cluster_scaler(
+    scaler: Callable[[DeploymentTarget], dict[str, Any]],
+) -> Callable[[DeploymentTarget], dict[str, Any]]:
+    if scaler not in IN_CLUSTER_SCALERS:
+        IN_CLUSTER_SCALERS.append(scaler)
+    return scaler
+
+
+def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
+    return next((found for scaler in IN_CLUSTER_SCALERS if (found := scaler(target))), {})

@@ -25,7 +25,7 @@ from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
-from regions.workloads import effective_replicas, removed, target_workload, workload_spec
+from regions.workloads import removed, target_workload, workload_spec
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
@@ -140,10 +140,10 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
         return Outcome(TargetStatus.DELETED if gone else TargetStatus.DELETING)
     if target.role == TargetRole.STABLE:
         _follow_alias(target)
-    waiting = _weights_missing(target)
+    spec = workload_spec(target)
+    waiting = _weights_missing(target, spec)
     if waiting is not None:
         return waiting
-    spec = workload_spec(target)
     observed = driver.observe(spec.name)
     if _differs(observed, spec):
         _note_drift(target, observed, spec)
@@ -152,10 +152,11 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver) -> Outcome:
     return _outcome(target, spec, observed)
 
 
-def _weights_missing(target: DeploymentTarget) -> Outcome | None:
+def _weights_missing(target: DeploymentTarget, spec: WorkloadSpec) -> Outcome | None:
     """In a region with its own object store, engines start only from a verified copy of the weights there;
-    the artifacts app answers (regions.hooks), and without it such a region waits rather than guess."""
-    if not target.region.object_store or effective_replicas(target) == 0:
+    the artifacts app answers (regions.hooks), and without it such a region waits rather than guess. A
+    delegated workload may be started by its in-cluster scaler whatever our count says."""
+    if not target.region.object_store or (spec.replicas == 0 and not spec.delegated):
         return None
     provider = hooks.weights_provider()
     if provider is None:
@@ -168,8 +169,18 @@ def _weights_missing(target: DeploymentTarget) -> Outcome | None:
 
 def _differs(observed: ObservedWorkload | None, spec: WorkloadSpec) -> bool:
     if observed is None:
-        return spec.replicas > 0
-    return observed.spec_hash != spec.spec_hash or observed.replicas != spec.replicas or observed.needs_repair
+        return spec.replicas > 0 or spec.delegated
+    return observed.spec_hash != spec.spec_hash or _rescaled(observed, spec) or observed.needs_repair
+
+
+def _rescaled(observed: ObservedWorkload, spec: WorkloadSpec) -> bool:
+    """Replicas other than ours; never of a delegated workload, whose count its in-cluster scaler owns."""
+    return not spec.delegated and observed.replicas != spec.replicas
+
+
+def _wanted(spec: WorkloadSpec, observed: ObservedWorkload) -> int:
+    """The replicas a workload should have: ours, or, delegated, what its in-cluster scaler chose."""
+    return observed.replicas if spec.delegated else spec.replicas
 
 
 def _note_drift(target: DeploymentTarget, observed: ObservedWorkload | None, spec: WorkloadSpec) -> None:
@@ -182,7 +193,7 @@ def _note_drift(target: DeploymentTarget, observed: ObservedWorkload | None, spe
     crashed = False
     if observed is None:
         what = "the workload was deleted outside the control plane"
-    elif observed.replicas != spec.replicas:
+    elif _rescaled(observed, spec):
         what = (
             f"replicas were changed to {observed.replicas} outside the control plane (want {spec.replicas})"
         )
@@ -208,7 +219,7 @@ def _note_drift(target: DeploymentTarget, observed: ObservedWorkload | None, spe
 
 
 def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWorkload | None) -> Outcome:
-    if spec.replicas == 0:
+    if spec.replicas == 0 and not spec.delegated:
         return Outcome(TargetStatus.PAUSED, applied_hash=spec.spec_hash)
     if observed is None:
         return Outcome(TargetStatus.PROVISIONING, applied_hash=spec.spec_hash)
@@ -221,7 +232,10 @@ def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWor
     }
     if observed.problem_is_permanent:
         return Outcome(TargetStatus.FAILED, error=observed.problem, **common)  # type: ignore[arg-type]
-    if observed.ready_replicas >= spec.replicas:
+    wanted = _wanted(spec, observed)
+    if wanted == 0:  # a delegated workload its scaler took to zero (KEDA, idle)
+        return Outcome(TargetStatus.PAUSED, **common)  # type: ignore[arg-type]
+    if observed.ready_replicas >= wanted:
         return Outcome(TargetStatus.READY, **common)  # type: ignore[arg-type]
     was_up = target.status in (TargetStatus.READY, TargetStatus.DEGRADED)
     status = TargetStatus.DEGRADED if observed.ready_replicas > 0 or was_up else TargetStatus.PROVISIONING

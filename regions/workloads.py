@@ -1,10 +1,12 @@
 """What a deployment means in one region: the driver-neutral workload spec and its name."""
 
 import re
+from typing import Any
 
 from django.utils import timezone
 
-from regions.choices import DeploymentState, RegionStatus, TargetRole
+from regions import hooks
+from regions.choices import DeploymentState, DriverKind, RegionStatus, TargetRole
 from regions.drivers.base import WorkloadSpec
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from registry.models import ModelVersion
@@ -51,6 +53,17 @@ def effective_replicas(target: DeploymentTarget) -> int:
     return target.desired_replicas
 
 
+def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
+    """The autoscaler a cluster runs for this workload, if its policy delegates there: only for a stable
+    target (a candidate or a retiring revision is sized by its rollout) in a Kubernetes region; a disabled
+    region or a deployment being deleted goes to zero whatever the policy says."""
+    if target.role != TargetRole.STABLE or target.region.driver != DriverKind.KUBERNETES:
+        return {}
+    if target.deployment.state != DeploymentState.ACTIVE or target.region.status == RegionStatus.DISABLED:
+        return {}
+    return hooks.in_cluster_scaler(target)
+
+
 def model_files(version: ModelVersion) -> list[list[str]]:
     """(relative path, sha256) of every file the engine needs, fetched by content address."""
     return [[f.path, f.sha256] for f in version_files(version)]
@@ -80,4 +93,5 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
         node_labels=dict(pool.node_labels) if pool else {},
         taints=list(pool.taints) if pool else [],
         artifact_bytes=version.artifact_size_bytes,
+        scaler=in_cluster_scaler(target),
     )

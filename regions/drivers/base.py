@@ -18,7 +18,13 @@ class DriverError(Exception):
 @dataclass(frozen=True)
 class WorkloadSpec:
     """What one deployment should run in one region. ``replicas`` is compared on its own, so scaling never
-    changes the hash and a hash mismatch always means the workload itself differs."""
+    changes the hash and a hash mismatch always means the workload itself differs.
+
+    ``scaler``, when set, hands the replica count to an autoscaler inside the region (Kubernetes: an HPA or
+    a KEDA ScaledObject, ``regions.drivers.kubernetes_scaling`` documents its keys); ``replicas`` is then
+    neither applied nor compared. It is in ``spec_hash`` (a new target re-applies) but not in
+    ``template_hash``, so retuning the autoscaler never restarts an engine.
+    """
 
     name: str
     labels: dict[str, str]
@@ -37,11 +43,27 @@ class WorkloadSpec:
     taints: list[dict[str, str]] = field(default_factory=list)
     # The version's artifact size: clusters size the model-cache volume from it.
     artifact_bytes: int = 0
+    scaler: dict[str, Any] = field(default_factory=dict)
 
     @property
     def spec_hash(self) -> str:
-        body = {k: v for k, v in asdict(self).items() if k != "replicas"}
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        # An empty scaler is left out, so the hash of every workload the control plane scales is what it
+        # was before scalers existed (a changed hash would re-apply, and restart, all of them).
+        return _digest(self, drop={"replicas"} if self.scaler else {"replicas", "scaler"})
+
+    @property
+    def template_hash(self) -> str:
+        """What the engines run, without how many of them or who decides that."""
+        return _digest(self, drop={"replicas", "scaler"})
+
+    @property
+    def delegated(self) -> bool:
+        return bool(self.scaler)
+
+
+def _digest(spec: WorkloadSpec, drop: set[str]) -> str:
+    body = {k: v for k, v in asdict(spec).items() if k not in drop}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,19 @@ from kubernetes import client, config
 
 from core.errors import ValidationFailed
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
+from regions.drivers.kubernetes_scaling import (
+    APPLY,
+    SCALER_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+    ScalerObjects,
+    manifest_kind,
+    scaler_manifest,
+    scaler_of,
+)
 from registry.engine_args import render_flags
 
 FIELD_MANAGER = "controlplane"
-APPLY = "application/apply-patch+yaml"
+APPLY_OPTIONS: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY}
 MODELS_MOUNT = "/models"
 STARTUP_GRACE_SECONDS = 600  # weights of a large model can take ~10 minutes to load
 PERMANENT_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
@@ -179,7 +188,8 @@ def cache_size(artifact_bytes: int) -> str:
 
 
 def spec_label(spec: WorkloadSpec) -> str:
-    return spec.spec_hash[:16]  # a label value holds at most 63 characters
+    # What the engines run, so retuning an in-cluster scaler never rolls the pods; 63 characters at most.
+    return spec.template_hash[:16]
 
 
 def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str, Any]]:
@@ -224,13 +234,11 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
             }
             for t in spec.taints
         ]
-    metadata = {
-        "name": spec.name,
-        "namespace": cfg.namespace,
-        "labels": labels,
-        "annotations": {"controlplane.io/spec-hash": spec.spec_hash},
-    }
-    deployment = {
+    annotations = {SPEC_HASH_ANNOTATION: spec.spec_hash}
+    if spec.delegated:
+        annotations[SCALER_ANNOTATION] = spec.scaler["kind"]
+    metadata = {"name": spec.name, "namespace": cfg.namespace, "labels": labels, "annotations": annotations}
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata,
@@ -252,6 +260,9 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
             "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+    if spec.delegated:
+        # Not ours to apply: the in-cluster scaler writes it, and an applied value would fight it.
+        del deployment["spec"]["replicas"]
     return [deployment, service]
 
 
@@ -373,53 +384,82 @@ class KubernetesDriver:
         self.apps = client.AppsV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.timeout = (cfg.connect_timeout, cfg.read_timeout)
+        self.scalers = ScalerObjects(self.api_client, cfg.namespace, APPLY_OPTIONS, self.timeout)
 
     def render(self, spec: WorkloadSpec) -> str:
-        return yaml.safe_dump_all(render_manifests(spec, self.cfg), sort_keys=False)
+        scaler = scaler_manifest(spec, self.cfg.namespace, _labels(spec))
+        manifests = render_manifests(spec, self.cfg) + ([scaler] if scaler else [])
+        return yaml.safe_dump_all(manifests, sort_keys=False)
 
     def apply(self, spec: WorkloadSpec) -> None:
         deployment, service = render_manifests(spec, self.cfg)
-        ns = self.cfg.namespace
+        scaler = scaler_manifest(spec, self.cfg.namespace, _labels(spec))
         with _errors("apply"):
+            current = self._read(spec.name)
+            self._retire_scaler(current, scaler)
             self.core.patch_namespaced_service(
                 service["metadata"]["name"],
-                ns,
+                self.cfg.namespace,
                 service,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
                 _request_timeout=self.timeout,
+                **APPLY_OPTIONS,
             )
+            if scaler is not None and current is not None and not scaler_of(current):
+                self.scalers.hand_over_replicas(current)
             self.apps.patch_namespaced_deployment(
                 spec.name,
-                ns,
+                self.cfg.namespace,
                 deployment,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
                 _request_timeout=self.timeout,
+                **APPLY_OPTIONS,
             )
+            if scaler is not None:
+                self.scalers.apply(scaler)
+
+    def _retire_scaler(self, current: Any, scaler: dict[str, Any] | None) -> None:
+        """Before the Deployment is applied: a scaler the spec no longer names goes first, so it never
+        scales over replicas the control plane takes back, and KEDA's webhook (which refuses a
+        ScaledObject for a workload an HPA scales) sees none when the kind changes."""
+        was = scaler_of(current) if current is not None else ""
+        if was and (scaler is None or manifest_kind(scaler) != was):
+            self.scalers.delete(was, current.metadata.name)
+
+    def _read(self, name: str) -> Any | None:
+        try:
+            return self.apps.read_namespaced_deployment(
+                name, self.cfg.namespace, _request_timeout=self.timeout
+            )
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _applied_hash(self, found: Any) -> str:
+        """The spec last applied. A delegated workload is whole only with its scaler applied for the same
+        spec: one deleted outside, or left from an older spec by a crash between the two applies, reads as
+        a changed workload, which the reconciler re-applies."""
+        annotations = (found.metadata.annotations if found.metadata else None) or {}
+        applied = str(annotations.get(SPEC_HASH_ANNOTATION, ""))
+        kind = scaler_of(found)
+        if kind and self.scalers.spec_hash(kind, found.metadata.name) != applied:
+            return ""
+        return applied
 
     def observe(self, name: str) -> ObservedWorkload | None:
         with _errors("read"):
-            try:
-                found = self.apps.read_namespaced_deployment(
-                    name, self.cfg.namespace, _request_timeout=self.timeout
-                )
-            except client.ApiException as exc:
-                if exc.status == 404:
-                    return None
-                raise
+            found = self._read(name)
+            if found is None:
+                return None
             current = _current_pods(found, self._pods(name))
+            applied = self._applied_hash(found)
         ready = _ready(found, current)
         problem, permanent = ("", False)
         if ready < (found.spec.replicas or 0):
             problem, permanent = _first_problem(current)
         endpoint = f"http://{service_name(name)}.{self.cfg.namespace}.svc.cluster.local:8000"
-        annotations = (found.metadata.annotations if found.metadata else None) or {}
         return ObservedWorkload(
-            annotations.get("controlplane.io/spec-hash", ""),
-            found.spec.replicas or 0,
+            applied,
+            found.spec.replicas or 0,  # as the cluster has them, whoever sized it
             ready,
             [endpoint] if ready else [],
             False,
@@ -440,6 +480,9 @@ class KubernetesDriver:
     def delete(self, name: str) -> None:
         body = client.V1DeleteOptions(propagation_policy="Foreground")
         with _errors("delete"):
+            found = self._read(name)
+            if found is not None and scaler_of(found):
+                self.scalers.delete(scaler_of(found), name)  # first: nothing scales what is going away
             for remove, target in (
                 (self.apps.delete_namespaced_deployment, name),
                 (self.core.delete_namespaced_service, service_name(name)),

@@ -1,7 +1,6 @@
 """The Kubernetes driver: rendered manifests validate against Kubernetes' schemas, and the driver is
 exercised end to end over HTTP against a test API server that speaks the real REST protocol."""
 
-import json
 from dataclasses import replace
 
 import kubernetes_validate
@@ -14,10 +13,9 @@ from regions.drivers.base import WorkloadSpec
 from regions.drivers.kubernetes import SPEC_LABEL, KubernetesConfig, KubernetesDriver, render_manifests
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
-from regions.services.regions import region_create
 from tests.support.kube_api import KubeApiServer
 from tests.support.principals import principal
-from tests.support.regions import converge, tiny_version
+from tests.support.regions import converge, kubernetes_region, tiny_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SPEC = WorkloadSpec(
@@ -80,25 +78,7 @@ def server():
 
 @pytest.fixture
 def kube(world, server, tmp_path):
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps(server.kubeconfig()))
-    region_create(
-        actor=principal(world.operator),
-        code="eu-central-1",
-        name="Frankfurt",
-        provider="aws",
-        jurisdiction="EU",
-        driver="kubernetes",
-        driver_config={"namespace": "llm", "kubeconfig_file": str(kubeconfig), "read_timeout": 5},
-        gpu_pools=[
-            {
-                "gpu_type": "L4",
-                "memory_gib": 24,
-                "gpu_count": 8,
-                "node_labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
-            }
-        ],
-    )
+    kubernetes_region(principal(world.operator), server.kubeconfig(), tmp_path)
     return server
 
 

@@ -1,14 +1,20 @@
 """A small Kubernetes API server for tests and benchmarks: the real REST protocol over HTTP.
 
-It keeps Deployments, Services and Pods in memory and answers the calls the official client makes:
-server-side apply (PATCH application/apply-patch+yaml with fieldManager), merge patches (what
-``kubectl scale`` sends), GET, LIST with label selectors, DELETE, with complete objects (uid,
-resourceVersion, generation, status) since client 37 validates responses. A Deployment becomes ready as
-soon as it is applied, unless the test holds it or injects a pod problem. Its generation grows with
-every spec change; a test can keep the Deployment controller from acting on one (``lagging``: status and
-pods stay those of the template it last rolled out) and set status fields itself (``status_overrides``:
-observedGeneration, replicas, updatedReplicas, readyReplicas, conditions). Every request is logged, so
-a test can assert that a no-op reconcile pass wrote nothing.
+It keeps Deployments, Services and Pods, HorizontalPodAutoscalers (autoscaling/v2) and KEDA ScaledObjects
+(a custom resource) in memory and answers the calls the official client makes: server-side apply (PATCH
+application/apply-patch+yaml with fieldManager), merge patches (what ``kubectl scale`` and an HPA's
+controller send), GET, LIST with label selectors, DELETE, with complete objects (uid, resourceVersion,
+generation, status) since client 37 validates responses. Of server-side apply's field ownership it keeps
+what scaling hands over: the first applier owns an object and a later one only the fields it sends, and
+a Deployment's ``replicas`` follow the rules (an apply that drops them while nobody else owns them resets
+them to the default 1; a different value over another manager's is a 409 unless forced; an update takes
+them over). KEDA's admission webhook is there too: no ScaledObject for a workload an HPA scales.
+
+A Deployment becomes ready as soon as it is applied, unless the test holds it or injects a pod problem.
+Its generation grows with every spec change; a test can keep the Deployment controller from acting on one
+(``lagging``: status and pods stay those of the template it last rolled out) and set status fields itself
+(``status_overrides``: observedGeneration, replicas, updatedReplicas, readyReplicas, conditions). Every
+request is logged, so a test can assert that a no-op reconcile pass wrote nothing.
 """
 
 import copy
@@ -23,9 +29,16 @@ from typing import Any
 import yaml
 
 PATH = re.compile(
-    r"^/(?:api/v1|apis/apps/v1)/namespaces/(?P<ns>[^/]+)/(?P<kind>deployments|services|pods)(?:/(?P<name>[^/?]+))?"
+    r"^/(?:api/v1|apis/apps/v1|apis/autoscaling/v2|apis/keda\.sh/v1alpha1)/namespaces/(?P<ns>[^/]+)/"
+    r"(?P<kind>deployments|services|pods|horizontalpodautoscalers|scaledobjects)(?:/(?P<name>[^/?]+))?"
 )
-KINDS = {"deployments": ("apps/v1", "Deployment"), "services": ("v1", "Service"), "pods": ("v1", "Pod")}
+KINDS = {
+    "deployments": ("apps/v1", "Deployment"),
+    "services": ("v1", "Service"),
+    "pods": ("v1", "Pod"),
+    "horizontalpodautoscalers": ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    "scaledobjects": ("keda.sh/v1alpha1", "ScaledObject"),
+}
 
 
 def _now() -> str:
@@ -83,6 +96,35 @@ class KubeState:
         self.lagging: set[str] = set()  # deployments whose controller has not acted on the latest change
         self.status_overrides: dict[str, dict[str, Any]] = {}  # deployment name → status fields
         self.rolled_out: dict[str, dict[str, Any]] = {}  # name → template labels and status last rolled out
+        self.appliers: dict[tuple[str, str, str], str] = {}  # the field manager that applied it first
+        self.replica_owners: dict[str, set[str]] = {}  # deployment name → managers owning spec.replicas
+
+    def apply_replicas(
+        self, name: str, manager: str, force: bool, current: dict[str, Any] | None, sent: dict[str, Any]
+    ) -> tuple[int | None, str]:
+        """(replicas after this apply of a Deployment, or a conflict's message)."""
+        owners = self.replica_owners.setdefault(name, set())
+        have = (current or {}).get("spec", {}).get("replicas")
+        if "replicas" not in sent.get("spec", {}):
+            owners.discard(manager)
+            return (have if owners else 1), ""  # unowned, the field goes and defaulting sets 1
+        want = sent["spec"]["replicas"]
+        others = owners - {manager}
+        if have is not None and want != have and others and not force:
+            return None, f'Apply failed with 1 conflict: conflict with "{min(others)}": .spec.replicas'
+        self.replica_owners[name] = owners | {manager} if want == have else {manager}
+        return want, ""
+
+    def admission(self, kind: str, ns: str, body: dict[str, Any]) -> str:
+        """KEDA's webhook refuses a ScaledObject whose workload an HPA already scales."""
+        target = body.get("spec", {}).get("scaleTargetRef", {}).get("name")
+        if kind != "scaledobjects":
+            return ""
+        for (other, other_ns, name), obj in self.objects.items():
+            scales = other == "horizontalpodautoscalers" and obj["spec"]["scaleTargetRef"]["name"] == target
+            if scales and other_ns == ns:
+                return f"the workload '{target}' of the ScaledObject is already managed by the hpa '{name}'"
+        return ""
 
     def writes(self) -> list[tuple[str, str]]:
         return [r for r in self.requests if r[0] in {"PATCH", "PUT", "POST", "DELETE"}]
@@ -256,19 +298,32 @@ class Handler(BaseHTTPRequestHandler):
         route = self._route()
         if route is None or route[2] is None:
             return self._status(404, "NotFound", "no such path")
-        ns, kind, name, params = route
+        ns, kind, name, params = route[0], route[1], route[2], route[3]
         body = yaml.safe_load(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         content_type = self.headers.get("Content-Type", "")
         with self.state.lock:
             current = self.state.objects.get((kind, ns, name))
             if content_type.startswith("application/apply-patch"):
-                if not params.get("fieldManager"):
+                manager = params.get("fieldManager")
+                if not manager:
                     return self._status(400, "BadRequest", "fieldManager is required for apply patch")
-                updated = self._apply(kind, ns, name, current, body)
+                denied = self.state.admission(kind, ns, body)
+                if denied:
+                    return self._status(403, "Forbidden", f"admission webhook denied the request: {denied}")
+                updated = self._apply(kind, ns, name, current, body, manager)
+                if kind == "deployments":
+                    force = params.get("force") == "true"
+                    replicas, conflict = self.state.apply_replicas(name, manager, force, current, body)
+                    if conflict:
+                        return self._status(409, "Conflict", conflict)
+                    updated["spec"]["replicas"] = replicas
             elif current is None:
                 return self._status(404, "NotFound", f'{kind} "{name}" not found')
             else:
                 updated = merge_patch(current, body)
+                rescaled = updated["spec"].get("replicas") != current["spec"].get("replicas")
+                if kind == "deployments" and rescaled:  # an update takes the field over
+                    self.state.replica_owners[name] = {params.get("fieldManager", "scaler")}
             if current is None or updated.get("spec") != current.get("spec"):
                 updated["metadata"]["generation"] = (current or {}).get("metadata", {}).get(
                     "generation", 0
@@ -279,13 +334,23 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(201 if current is None else 200, updated)
 
     def _apply(
-        self, kind: str, ns: str, name: str, current: dict[str, Any] | None, body: dict[str, Any]
+        self,
+        kind: str,
+        ns: str,
+        name: str,
+        current: dict[str, Any] | None,
+        body: dict[str, Any],
+        manager: str,
     ) -> dict[str, Any]:
         meta = {**(current or {}).get("metadata", {}), **body.get("metadata", {})}
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", _now())
         meta.update(name=name, namespace=ns)
-        return {**body, "metadata": meta, "spec": copy.deepcopy(body.get("spec", {}))}
+        spec = copy.deepcopy(body.get("spec", {}))
+        first = self.state.appliers.setdefault((kind, ns, name), manager)
+        if current is not None and manager != first:  # a later manager owns only the fields it sends
+            spec = merge_patch(current.get("spec", {}), spec)
+        return {**body, "metadata": meta, "spec": spec}
 
     def do_DELETE(self) -> None:
         if self._dropped():
@@ -295,11 +360,13 @@ class Handler(BaseHTTPRequestHandler):
         route = self._route()
         if route is None or route[2] is None:
             return self._status(404, "NotFound", "no such path")
-        ns, kind, name, _ = route
+        ns, kind, name = route[0], route[1], route[2]
         with self.state.lock:
             removed = self.state.objects.pop((kind, ns, name), None)
-            if kind == "deployments" and name is not None:
+            self.state.appliers.pop((kind, ns, name), None)
+            if kind == "deployments":
                 self.state.rolled_out.pop(name, None)
+                self.state.replica_owners.pop(name, None)
         if removed is None:
             return self._status(404, "NotFound", f'{kind} "{name}" not found')
         if kind == "services":  # the API answers a Service deletion with the object, others with a Status

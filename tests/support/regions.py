@@ -5,6 +5,7 @@
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,33 @@ def make_region(world, tmp_path):  # type: ignore[no-untyped-def]
         for workload in root.glob("*") if root.exists() else []:
             driver_for(region).delete(workload.name)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def kubernetes_region(
+    actor: Principal, kubeconfig: dict[str, Any], directory: Path, code: str = "eu-central-1", **fields: Any
+) -> Region:
+    """A Kubernetes region whose cluster is the API at ``kubeconfig`` (tests.support.kube_api), with an L4
+    pool; ``fields`` are the region's own (prometheus_url, status, ...)."""
+    path = directory / f"kubeconfig-{code}"
+    path.write_text(json.dumps(kubeconfig))
+    return region_create(
+        actor=actor,
+        code=code,
+        name=code.upper(),
+        provider="aws",
+        jurisdiction="EU",
+        driver="kubernetes",
+        driver_config={"namespace": "llm", "kubeconfig_file": str(path), "read_timeout": 5},
+        gpu_pools=[
+            {
+                "gpu_type": "L4",
+                "memory_gib": 24,
+                "gpu_count": 8,
+                "node_labels": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+            }
+        ],
+        **fields,
+    )
 
 
 def tiny_version(
