@@ -20,7 +20,8 @@ from typing import Any
 from django.db.models import F, Max, Sum
 
 from autoscaling import algorithm, fleet, signals
-from autoscaling.choices import DecisionKind, ScalerMode
+from autoscaling.choices import DecisionKind
+from autoscaling.kubernetes import delegated
 from autoscaling.models import AutoscalingPolicy, ScalerState
 from autoscaling.policy import Policy, effective
 from billing.models import UsageRecord
@@ -29,7 +30,7 @@ from core.choices import AuditSource
 from core.errors import ApplicationError
 from core.models import Tenant
 from core.principal import Principal
-from regions.choices import DeploymentState, DriverKind, TargetRole, TargetStatus
+from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentTarget, GpuPool, Region
 from regions.selectors import LIVE_TARGETS
 from regions.services import placement
@@ -100,7 +101,7 @@ def evaluate_all(*, now: datetime) -> Report:
 
 
 def _targets(policies: list[AutoscalingPolicy]) -> list[DeploymentTarget]:
-    delegating = {p.deployment_id for p in policies if p.mode != ScalerMode.CONTROL_PLANE}
+    modes = {p.deployment_id: p.mode for p in policies}
     found = (
         DeploymentTarget.objects.filter(
             deployment_id__in=[p.deployment_id for p in policies], role=TargetRole.STABLE
@@ -109,9 +110,7 @@ def _targets(policies: list[AutoscalingPolicy]) -> list[DeploymentTarget]:
         .select_related("region")
     )
     # A Kubernetes region of a delegating policy is scaled by its cluster; other regions stay ours.
-    return [
-        t for t in found if not (t.deployment_id in delegating and t.region.driver == DriverKind.KUBERNETES)
-    ]
+    return [t for t in found if not delegated(modes[t.deployment_id], t.region)]
 
 
 def _states(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:

@@ -112,7 +112,14 @@ def _check_region(mode: str, policy: Policy, region: Region, override: dict[str,
         raise refuse(
             "min_replicas",
             f"min_replicas 0 cannot be handed to an HPA in {region.code}: it keeps at least one replica "
-            "(scaling to zero needs an alpha feature gate); use keda or control_plane to scale to zero.",
+            "(scaling to zero needs an alpha feature gate); use control_plane to scale to zero.",
+        )
+    if mode == ScalerMode.KEDA and policy.min_replicas == 0:
+        raise refuse(
+            "min_replicas",
+            f"min_replicas 0 cannot be handed to KEDA in {region.code}: its triggers read vLLM's metrics, "
+            "which vanish with the last replica, so it would never wake; use control_plane, whose "
+            "deployments at zero are woken by requests held at the gateway.",
         )
     if mode == ScalerMode.KEDA and not region.prometheus_url:
         raise ValidationFailed(

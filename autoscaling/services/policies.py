@@ -6,6 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from autoscaling.choices import ScalerMode
+from autoscaling.kubernetes import check_mode
 from autoscaling.models import AutoscalingPolicy
 from autoscaling.policy import Policy, parse, parse_overrides
 from core.choices import Scope
@@ -13,15 +14,21 @@ from core.errors import NotFound, ValidationFailed
 from core.principal import Principal
 from core.services.audit import audit_record
 from regions.choices import TargetRole, TargetStatus
-from regions.models import Deployment
+from regions.models import Deployment, Region
+
+
+def _serving_regions(deployment: Deployment) -> list[Region]:
+    return list(
+        Region.objects.filter(
+            targets__in=deployment.targets.exclude(status=TargetStatus.DELETED).exclude(
+                role=TargetRole.RETIRING
+            )
+        ).distinct()
+    )
 
 
 def _regions(deployment: Deployment) -> set[str]:
-    return set(
-        deployment.targets.exclude(status=TargetStatus.DELETED)
-        .exclude(role=TargetRole.RETIRING)
-        .values_list("region__code", flat=True)
-    )
+    return {region.code for region in _serving_regions(deployment)}
 
 
 def _check_quota(deployment: Deployment, policies: list[Policy]) -> None:
@@ -54,10 +61,7 @@ def validated(deployment: Deployment, raw: Any) -> tuple[str, bool, dict[str, An
     overrides = parse_overrides(overrides_raw, spec, _regions(deployment))
     regional = [parse(fields, base=spec) for fields in overrides.values()]
     _check_quota(deployment, [spec, *regional])
-    if mode != ScalerMode.CONTROL_PLANE:
-        from autoscaling.kubernetes import check_mode
-
-        check_mode(mode, deployment, [spec, *regional])
+    check_mode(mode=mode, spec=spec.as_dict(), overrides=overrides, regions=_serving_regions(deployment))
     return mode, enabled, spec.as_dict(), overrides
 
 

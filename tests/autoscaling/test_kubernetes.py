@@ -91,7 +91,7 @@ def test_control_plane_mode_needs_nothing_of_the_regions():
 
 
 def test_a_delegating_policy_that_fits_passes():
-    check_mode(mode="keda", spec={**SPEC, "min_replicas": 0}, overrides={}, regions=[cluster(), hosts()])
+    check_mode(mode="keda", spec={**SPEC, "min_replicas": 1}, overrides={}, regions=[cluster(), hosts()])
     check_mode(mode="hpa", spec=SPEC, overrides={}, regions=[cluster(prometheus_url="")])
 
 
@@ -127,3 +127,9 @@ def test_an_override_that_breaks_delegation_is_named_as_the_override():
 
 def test_an_hpa_cannot_scale_to_zero():
     assert refusal(mode="hpa", spec={**SPEC, "min_replicas": 0}).detail["field"] == "min_replicas"
+
+
+def test_keda_may_not_scale_to_zero_because_nothing_would_wake_it():
+    error = refusal(mode="keda", spec={**SPEC, "min_replicas": 0})
+    assert error.detail == {"field": "min_replicas", "region": "eu-central-1"}
+    assert "would never wake" in error.message

@@ -42,7 +42,7 @@ def chat(world, kube, tiny_model_dir):
 def delegate(
     deployment, mode: str = "hpa", spec: dict[str, Any] = POLICY, **fields: Any
 ) -> AutoscalingPolicy:  # type: ignore[no-untyped-def]
-    """The policy as the policy service stores it (validated), written directly: that service is not here."""
+    """The policy as the policy service stores it (validated), written directly (no actor needed)."""
     parse(spec)
     policy, _ = AutoscalingPolicy.objects.update_or_create(
         deployment=deployment, defaults={"mode": mode, "spec": spec, "updated_by_name": "alice", **fields}
@@ -125,21 +125,21 @@ def test_a_regions_override_is_what_that_cluster_runs(kube, chat):
 
 
 def test_a_keda_policy_renders_a_scaled_object_kedas_crd_accepts(kube, chat):
-    delegate(chat, "keda", {**POLICY, "min_replicas": 0, "ttft_p95_seconds": 2, "idle_seconds": 600})
+    delegate(chat, "keda", {**POLICY, "min_replicas": 1, "ttft_p95_seconds": 2, "idle_seconds": 600})
     converge(chat)
     name = f"cp-{chat.pk}-chat"
     scaled_object = stored(kube, "scaledobjects", name)
     assert scaled_object is not None and scaled_object_errors(scaled_object) == []
     spec = scaled_object["spec"]
-    assert (spec["minReplicaCount"], spec["cooldownPeriod"]) == (0, 600)
+    assert (spec["minReplicaCount"], spec["cooldownPeriod"]) == (1, 600)
     assert [t["metricType"] for t in spec["triggers"]] == ["AverageValue", "Value"]
     assert all(t["metadata"]["serverAddress"] == PROMETHEUS for t in spec["triggers"])
     assert f'pod=~"{name}-[a-z0-9]+-[a-z0-9]+"' in spec["triggers"][0]["metadata"]["query"]
     assert stored(kube, "horizontalpodautoscalers", name) is None
 
 
-def test_a_workload_keda_took_to_zero_is_paused_not_repaired(kube, chat):
-    delegate(chat, "keda", {**POLICY, "min_replicas": 0})
+def test_a_workload_the_cluster_took_to_zero_is_paused_not_repaired(kube, chat):
+    delegate(chat, "keda", {**POLICY, "min_replicas": 1})
     converge(chat)
     scale_in_cluster(kube, f"cp-{chat.pk}-chat", 0)
     kube.state.requests.clear()
