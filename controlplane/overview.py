@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from autoscaling import console as autoscaling
 from billing import selectors as billing
 from controlplane.health import _broker_ok, _database_ok
 from core import selectors
@@ -46,7 +47,7 @@ def overview(request: HttpRequest, p: Principal) -> HttpResponse:
 
 
 def _fleet(p: Principal, now: datetime) -> dict[str, Any]:
-    """Regions, deployments, failovers and active rollouts, each from its own app's selectors."""
+    """Regions, deployments, failovers, active rollouts and autoscaling, each from its own app's selectors."""
     if Scope.DEPLOYMENTS_READ not in p.all_scopes:
         return {}
     health = routing.region_health(p)
@@ -65,6 +66,7 @@ def _fleet(p: Principal, now: datetime) -> dict[str, Any]:
         "troubled_targets": list(regions.troubled_targets(p)[:8]),
         "service_events": list(routing.service_events(p).filter(at__lte=now)[:8]),
         "active_rollouts": list(rollouts.active_rollouts(p).order_by("-created_at", "-pk")[:ROLLOUTS_SHOWN]),
+        "autoscaling": autoscaling.fleet_scaling(p, now=now),
     }
 
 

@@ -26,6 +26,8 @@ urlpatterns = [
     path("registry/", include("registry.dashboard_urls")),
     path("regions/artifacts/", include("artifacts.dashboard_urls")),
     path("regions/", include("regions.dashboard_urls")),
+    # Under a deployment's address but mounted by the shell: regions may not import autoscaling.
+    path("deployments/<slug:owner>/<slug:name>/autoscaling/", include("autoscaling.dashboard_urls")),
     path("deployments/", include("regions.deployment_urls")),
     path("routing/", include("routing.dashboard_urls")),
     path("costs/", include("billing.dashboard_urls")),
