@@ -54,21 +54,21 @@ FIELDS = {f.name: f for f in fields(Policy)}
 _FLOATS = {"waiting", "running", "kv_cache", "ttft_p95_seconds", "tolerance"}
 
 
-def _number(name: str, raw: Any) -> float | int | None:
+def _number(name: str, raw: Any, where: str = "") -> float | int | None:
     if raw is None and name in METRICS:
         return None
     if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
-        raise ValidationFailed(f"{name} must be a number.", detail={"field": name})
+        raise ValidationFailed(f"{where}{name} must be a number.", detail={"field": where + name})
     if name not in _FLOATS:
         if raw != int(raw):
-            raise ValidationFailed(f"{name} must be a whole number.", detail={"field": name})
+            raise ValidationFailed(f"{where}{name} must be a whole number.", detail={"field": where + name})
         return int(raw)
     return float(raw)
 
 
 def _check_ranges(policy: Policy, where: str) -> None:
     def bad(name: str, message: str) -> ValidationFailed:
-        return ValidationFailed(f"{where}{name} {message}", detail={"field": name})
+        return ValidationFailed(f"{where}{name} {message}", detail={"field": where + name})
 
     for name, value in policy.targets().items():
         if value <= 0:
@@ -101,14 +101,16 @@ def parse(raw: Any, *, base: Policy | None = None, where: str = "") -> Policy:
     """A policy from a JSON object (fields not given keep ``base``'s, else the defaults); 400 naming the
     first bad field otherwise. ``where`` prefixes messages (e.g. "overrides.eu-west-1.")."""
     if not isinstance(raw, dict):
-        raise ValidationFailed(f"{where or 'policy '}must be an object.", detail={"field": where or "policy"})
+        raise ValidationFailed(
+            f"{where or 'policy '}must be an object.", detail={"field": where.rstrip(".") or "policy"}
+        )
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise ValidationFailed(
             f"{where}{unknown[0]} is not a policy field; fields are {', '.join(FIELDS)}.",
-            detail={"field": unknown[0]},
+            detail={"field": where + unknown[0]},
         )
-    values: dict[str, Any] = {name: _number(name, value) for name, value in raw.items()}
+    values: dict[str, Any] = {name: _number(name, value, where) for name, value in raw.items()}
     policy = replace(base or Policy(), **values)
     _check_ranges(policy, where)
     return policy
