@@ -3,13 +3,17 @@
 One story, because each engine takes about a minute to start: acme's `chat` runs one replica in a process
 region. With six clients keeping streamed chats in flight through the real gateway (vLLM's running
 requests per replica ≈ 6, the target 2), the autoscaler scales it 1 → 2 and both replicas serve. Once the
-clients stop it scales back to 1, and after the idle window (the clock passed in, an hour on) to zero.
+clients stop it scales back to 1, and after the idle window (the clock passed in, ten minutes on) to
+zero. A request arriving then is held by the gateway through a real cold start and answered 200.
 """
 
 import shutil
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+import requests
 from django.utils import timezone
 
 from autoscaling import evaluator
@@ -120,5 +124,32 @@ def test_real_engines_scale_up_under_load_then_down_then_to_zero(
         assert "no request for" in zero.reason
         converge(deployment)
         assert DeploymentTarget.objects.get(pk=target.pk).status == "paused"
+
+        table = routing.publish()  # the route at zero names the region a request wakes
+        assert "activatable" in table.body["tenants"]["acme"]["models"]["chat"]
+        wait_for(lambda: gateway.generation() >= table.generation, timeout=30, interval=0.5)
+        answer: dict[str, object] = {}
+        held = threading.Thread(target=_ask, args=(gateway, app_token, answer))
+        held.start()
+        while held.is_alive():  # what the reconciler and the router do by themselves in production
+            converge(deployment)
+            health.cycle()
+            time.sleep(1)
+        assert answer["status"] == 200, answer
+        woken = ScalingDecision.objects.get(deployment=deployment, kind=DecisionKind.ACTIVATE)
+        assert (woken.from_replicas, woken.to_replicas) == (0, 1)
+        stages = DeploymentTarget.objects.get(pk=target.pk).cold_starts
+        print(f"woken from zero: answered in {answer['seconds']:.1f} s; cold start stages {stages}")
     finally:
         gateway.stop()
+
+
+def _ask(gateway: Gateway, token: str, answer: dict[str, object]) -> None:
+    started = time.monotonic()
+    reply = requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={"model": "chat", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=ENGINE_START_TIMEOUT,
+    )
+    answer.update(status=reply.status_code, body=reply.text[:500], seconds=time.monotonic() - started)
