@@ -87,17 +87,7 @@ class Holds:
         """Wait until ``tenant``'s route for ``name`` has endpoints; raises HoldRefused (queue full,
         timeout, the model gone from the table) or ClientGone."""
         since, wall, key = time.perf_counter(), datetime.now(UTC), (tenant, name)
-        if self.waiting.get(key, 0) >= self.settings.hold_max_requests:
-            self.counts["rejected_full"] += 1
-            raise HoldRefused(
-                503,
-                f"'{name}' is starting from zero and {self.settings.hold_max_requests} requests already wait "
-                f"for it; retry in {RETRY_AFTER_SECONDS} s.",
-                "activation_queue_full",
-                {"retry-after": str(RETRY_AFTER_SECONDS)},
-            )
-        self.waiting[key] = self.waiting.get(key, 0) + 1
-        self.counts["held"] += 1
+        self._join(key)
         self._signal(session, key)
         try:
             route = await asyncio.wait_for(
@@ -117,6 +107,20 @@ class Holds:
             self._leave(key)
         self.counts["released"] += 1
         return Held(route, since, wall)
+
+    def _join(self, key: Key) -> None:
+        """Take a place in ``key``'s queue, or refuse the request at once when it is full."""
+        if self.waiting.get(key, 0) >= self.settings.hold_max_requests:
+            self.counts["rejected_full"] += 1
+            raise HoldRefused(
+                503,
+                f"'{key[1]}' is starting from zero and {self.settings.hold_max_requests} requests already "
+                f"wait for it; retry in {RETRY_AFTER_SECONDS} s.",
+                "activation_queue_full",
+                {"retry-after": str(RETRY_AFTER_SECONDS)},
+            )
+        self.waiting[key] = self.waiting.get(key, 0) + 1
+        self.counts["held"] += 1
 
     async def _until_served(self, tenant: str, name: str, receive: Any) -> contract.Route:
         gone = asyncio.ensure_future(_disconnected(receive))
