@@ -26,10 +26,12 @@ from gateway.balancer import (
     track_of,
 )
 from gateway.config import RouteCache, Settings
+from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
 from gateway.limits import Limits
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.mirror import MirrorCopy, Mirrors
+from gateway.reply import Reply
 from gateway.streaming import EventFilter
 from gateway.usage import UsageShipper
 
@@ -59,6 +61,7 @@ class Gateway:
         self.ejections = Ejections(settings.ejection_seconds)
         self.usage = UsageShipper(settings)
         self.mirrors = Mirrors(settings, self.usage)
+        self.holds = Holds(settings, self.routes)
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
         # client's record names only the endpoint that answered, so this is where such failures show.
         self.candidate_failures = 0
@@ -87,6 +90,7 @@ class Gateway:
     async def stop(self) -> None:
         for task in self.tasks:
             task.cancel()
+        await self.holds.stop()
         if self.session is not None:
             await self.mirrors.drain(timeout=1)  # their records go out with the last batch below
             with contextlib.suppress(Exception):
@@ -123,6 +127,7 @@ class Gateway:
                 "generation": self.routes.generation,
                 "usage": self.usage.stats(),
                 "mirrors": self.mirrors.stats(),
+                "holds": self.holds.stats(),
             }
             return await reply.json(200, health)
         if path == "/metrics":
@@ -158,7 +163,7 @@ class Gateway:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
             )
-        if not route["endpoints"]:
+        if not route["endpoints"] and "activatable" not in route:
             return await reply.error(
                 503, route.get("unavailable", "No region can serve this model."), "residency_unavailable"
             )
@@ -169,7 +174,38 @@ class Gateway:
             return await reply.error(
                 429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
             )
-        await self._proxy(reply, tenant, name, route, path, payload, headers, view.get("limits", {}), preview)
+        held = None
+        if not route["endpoints"]:  # at zero: wait for it to wake (gateway/hold.py)
+            held = await self._hold(reply, tenant, name, headers, receive)
+            if held is None:
+                return
+            route, view = held.route, self.routes.view(tenant)
+        limits = view.get("limits", {})
+        await self._proxy(reply, tenant, name, route, path, payload, headers, limits, preview, held)
+
+    async def _hold(
+        self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any
+    ) -> Held | None:
+        """Hold the request until its route has endpoints; None when it was answered instead (queue full,
+        timeout, refused by the newer table) or its client went away (nothing to answer, nothing metered)."""
+        assert self.session is not None
+        try:
+            held = await self.holds.hold(self.session, tenant, name, receive)
+        except HoldRefused as refused:
+            await reply.error(refused.status, refused.message, refused.code, refused.headers)
+            return None
+        except ClientGone:
+            return None
+        reply.held_ms = held.waited_ms
+        # Released by a newer table, so judged by it again: a token revoked or a budget spent meanwhile.
+        if self._authenticate(headers) != tenant:
+            await reply.error(401, "The API token was revoked while the request was held.", "invalid_api_key")
+            return None
+        blocked = self.routes.view(tenant).get("blocked")
+        if blocked:
+            await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
+            return None
+        return held
 
     def _authenticate(self, headers: dict[str, str]) -> str | None:
         auth = headers.get("authorization", "")
@@ -180,7 +216,7 @@ class Gateway:
 
     async def _proxy(
         self,
-        reply: "Reply",
+        reply: Reply,
         tenant: str,
         name: str,
         route: contract.Route,
@@ -189,6 +225,7 @@ class Gateway:
         headers: dict[str, str],
         limits: contract.TenantLimits,
         preview: str | None,
+        held: Held | None = None,
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
@@ -198,7 +235,9 @@ class Gateway:
             payload.setdefault("stream_options", {})["include_usage"] = True
         affinity = session_key(headers, payload)
         client_salt = payload.get("cache_salt")
-        started, wall, tried = time.perf_counter(), datetime.now(UTC), set[str]()
+        # A held request's latency is the client's: from the start of its hold, not from its release.
+        started, wall = (held.since, held.wall) if held else (time.perf_counter(), datetime.now(UTC))
+        tried = set[str]()
         last_error = ""
         # Whatever happens from here on (an engine failing mid-stream, the client gone, a bug), the
         # request is metered once, in ``finally``, with the usage seen so far: N forwarded requests make
@@ -280,7 +319,7 @@ class Gateway:
 
     def _meter(
         self,
-        reply: "Reply",
+        reply: Reply,
         tenant: str,
         name: str,
         headers: dict[str, str],
@@ -311,7 +350,7 @@ class Gateway:
 
     def _mirror(
         self,
-        reply: "Reply",
+        reply: Reply,
         tenant: str,
         name: str,
         route: contract.Route,
@@ -352,7 +391,7 @@ class Gateway:
 
     async def _forward(
         self,
-        reply: "Reply",
+        reply: Reply,
         endpoint: contract.Endpoint,
         path: str,
         payload: dict[str, Any],
@@ -401,12 +440,14 @@ class Gateway:
 
     def _metrics_text(self) -> str:
         """Prometheus text: the usage spool; shadow copies (sent, dropped because too many were in flight,
-        failed: 5xx, timeout or no connection); candidate attempts retried on the stable revision."""
+        failed: 5xx, timeout or no connection); candidate attempts retried on the stable revision; requests
+        held for a deployment at zero (waiting now, and how holds ended) and the activation calls."""
         rollout = {"candidate_failures": self.candidate_failures}
         return (
             _exposition("gateway_usage_", self.usage.stats(), gauges={"backlog", "spool_bytes"})
             + _exposition("gateway_mirrors_", self.mirrors.stats(), gauges={"in_flight"})
             + _exposition("gateway_rollout_", rollout, gauges=set())
+            + _exposition("gateway_hold_", self.holds.stats(), gauges={"held_now"})
         )
 
 
@@ -423,50 +464,6 @@ def _exposition(prefix: str, values: dict[str, int], gauges: set[str]) -> str:
         metric = prefix + name + ("_total" if kind == "counter" else "")
         lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
     return "\n".join(lines) + "\n"
-
-
-class Reply:
-    """The response side of one ASGI request."""
-
-    def __init__(self, send: Any, request_id: str):
-        self.send, self.request_id, self.started = send, request_id, False
-        self.client_gone = False  # the server refused a send: the client disconnected
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        try:
-            await self.send(message)
-        except Exception:
-            self.client_gone = True
-            raise
-
-    async def start(
-        self, status: int, content_type: str, extra: dict[str, str], length: int | None = None
-    ) -> None:
-        headers = [(b"content-type", content_type.encode()), (b"x-request-id", self.request_id.encode())]
-        headers += [(k.encode(), v.encode()) for k, v in extra.items()]
-        if length is not None:
-            headers.append((b"content-length", str(length).encode()))
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        self.started = True
-
-    async def chunk(self, data: bytes, more: bool = True) -> None:
-        await self._send({"type": "http.response.body", "body": data, "more_body": more})
-
-    async def json(self, status: int, body: dict[str, Any], extra: dict[str, str] | None = None) -> None:
-        data = json.dumps(body).encode()
-        await self.start(status, "application/json", extra or {}, length=len(data))
-        await self.chunk(data, more=False)
-
-    async def text(self, status: int, body: str) -> None:
-        data = body.encode()
-        await self.start(status, "text/plain; version=0.0.4; charset=utf-8", {}, length=len(data))
-        await self.chunk(data, more=False)
-
-    async def error(self, status: int, message: str, code: str, extra: dict[str, str] | None = None) -> None:
-        """OpenAI's error shape, which its client libraries parse and show."""
-        kind = "invalid_request_error" if status < 500 else "service_unavailable"
-        error = {"message": message, "type": kind, "code": code, "request_id": self.request_id}
-        await self.json(status, {"error": error}, extra)
 
 
 app = Gateway(Settings.from_env())

@@ -32,6 +32,8 @@ class Settings:
     usage_interval_seconds: float = 1.0
     max_mirrors_in_flight: int = 32  # shadow copies running at once; past it a copy is dropped (counted)
     mirror_timeout_seconds: float = 30.0  # a shadow copy's whole exchange, far below a client's 600 s
+    hold_max_requests: int = 100  # requests held per (tenant, model) while its deployment wakes from zero
+    hold_timeout_seconds: float = 600.0  # a held request still waiting after this gets 504
 
     def usage_dir(self) -> Path:
         if self.state_dir is not None:
@@ -58,6 +60,8 @@ class Settings:
             usage_interval_seconds=float(os.environ.get("GATEWAY_USAGE_INTERVAL_SECONDS", "1")),
             max_mirrors_in_flight=int(os.environ.get("GATEWAY_MAX_MIRRORS_IN_FLIGHT", "32")),
             mirror_timeout_seconds=float(os.environ.get("GATEWAY_MIRROR_TIMEOUT", "30")),
+            hold_max_requests=int(os.environ.get("GATEWAY_HOLD_MAX_REQUESTS", "100")),
+            hold_timeout_seconds=float(os.environ.get("GATEWAY_HOLD_TIMEOUT_SECONDS", "600")),
         )
 
 
@@ -68,13 +72,26 @@ class RouteCache:
     etag: str = ""
     generation: int = 0
     fetched_at: float = 0.0
+    # Set when a new table is installed, then replaced by a fresh one: requests held for a deployment at
+    # zero (gateway/hold.py) wait on it for the table that gives their route endpoints.
+    _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def load_from_disk(self) -> None:
         path = self.settings.cache_file
         if path and path.exists():
             saved = json.loads(path.read_text())
-            self.body, self.etag, self.generation = saved["body"], saved["etag"], saved["generation"]
+            self.install(saved["body"], saved["etag"], saved["generation"])
             log.info("route table #%s loaded from %s", self.generation, path)
+
+    def install(self, body: contract.RouteTable, etag: str, generation: int) -> None:
+        """Make this table the one requests are routed by, and wake whoever waits for a new one."""
+        self.body, self.etag, self.generation = body, etag, generation
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def changed(self) -> asyncio.Event:
+        """Set once a table newer than the one installed now arrives: take it before reading the table."""
+        return self._changed
 
     def _save(self) -> None:
         path = self.settings.cache_file
@@ -111,7 +128,7 @@ class RouteCache:
                 return False
             reply.raise_for_status()
             data: contract.GatewayConfig = await reply.json()
-        self.body, self.etag, self.generation = data["table"], data["etag"], data["generation"]
+        self.install(data["table"], data["etag"], data["generation"])
         self.fetched_at = time.time()
         self._save()
         log.info("route table #%s", self.generation)

@@ -42,17 +42,30 @@ class Split(TypedDict):
     mirror: int
 
 
+class Activatable(TypedDict):
+    """A deployment at zero replicas in one region, which a request may wake (the autoscaler idled it)."""
+
+    deployment: int
+    region: str
+
+
 class Route(TypedDict):
     """One model name of one tenant; no endpoints means it is unavailable, and ``unavailable`` says why.
 
     ``splits``, by region, exists only while a rollout has a candidate there that may serve this tenant:
     the gateway sends that share of the region's requests (sticky per session) to the candidate's
-    endpoints, copies the mirror share to them, and treats the candidate as stable nowhere else."""
+    endpoints, copies the mirror share to them, and treats the candidate as stable nowhere else.
+
+    ``activatable`` exists only on a route without endpoints, naming the region (inside the tenant's
+    residency) where the deployment sits at zero and wakes on a request: the gateway holds the request,
+    asks the control plane to activate it (``POST /api/v1/routing/activations/``) and sends it on once a
+    later table gives this route endpoints."""
 
     endpoints: list[Endpoint]
     preferred: str  # the region traffic goes to when everything is healthy ('' when none is compliant)
     unavailable: NotRequired[str]
     splits: NotRequired[dict[str, Split]]
+    activatable: NotRequired[Activatable]
 
 
 class TenantLimits(TypedDict, total=False):
@@ -91,6 +104,14 @@ class GatewayConfig(TypedDict):
     generation: int
     etag: str
     table: RouteTable
+
+
+class Activation(TypedDict):
+    """The body of ``POST /api/v1/routing/activations/``: requests held at a gateway for a route at zero."""
+
+    tenant: str
+    model: str  # the name the tenant called, as in its route table
+    held: int  # requests this gateway holds for it now
 
 
 class UsageRecord(TypedDict):

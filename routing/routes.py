@@ -13,7 +13,11 @@ it, in priority tiers and with weights. Residency is a hard filter; everything e
   a running one, KV-cache usage above 90 % halves the weight).
 
 A name with no eligible endpoint keeps an entry with an empty endpoint list and the reason, so gateways
-answer 503 naming the residency constraint instead of spilling into a region outside it.
+answer 503 naming the residency constraint instead of spilling into a region outside it. When one of its
+regions could serve but sits at zero replicas because the autoscaler found it idle, the entry names the
+first such region as ``activatable`` (same order, same residency rule): a gateway holds the request and has
+the control plane wake exactly that region, so the route computation stays the one place residency is
+decided, also for a request that arrives at zero.
 """
 
 import math
@@ -58,6 +62,7 @@ class Placement:
     track: str = contract.STABLE  # which revision: the stable one or a rollout's candidate beside it
     traffic_percent: int = 0  # a candidate's share of the region's requests
     mirror_percent: int = 0  # the share of the region's requests copied to a candidate (shadow)
+    activatable: bool = False  # at zero replicas because idle (not paused by hand): a request wakes it
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ def _why_not(policy: TenantPolicy, placement: Placement) -> str:
         return f"{placement.region}: {refusal}"
     if not placement.region_active:
         return f"{placement.region} is draining or disabled"
+    if not placement.ready and placement.activatable and placement.weights_verified:
+        return f"{placement.region} is at zero replicas and wakes on a request"
     if not placement.ready:
         return f"{placement.region} is not ready"
     if not placement.weights_verified:
@@ -108,6 +115,15 @@ def _why_not(policy: TenantPolicy, placement: Placement) -> str:
     if not any(e.healthy for e in placement.endpoints):
         return f"{placement.region} is unhealthy"
     return ""
+
+
+def _activatable(policy: TenantPolicy, placements: list[Placement]) -> contract.Activatable | None:
+    """The first region, in the route's order, a request may wake: inside residency, active, the weights
+    verified there, the deployment at zero because idle."""
+    for p in placements:
+        if p.activatable and p.region_active and p.weights_verified and _refusal(policy, p) is None:
+            return {"deployment": p.deployment_id, "region": p.region}
+    return None
 
 
 def _splits(eligible: list[Placement]) -> dict[str, contract.Split]:
@@ -163,6 +179,9 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
             f"no healthy region within the tenant's data residency ({allowed}) can serve this model: "
             f"{reasons}"
         )
+        woken = _activatable(policy, mine)
+        if woken is not None:
+            entry["activatable"] = woken
     return entry
 
 

@@ -213,10 +213,20 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 track=contract.CANDIDATE if candidate else contract.STABLE,
                 traffic_percent=target.traffic_percent if candidate else 0,
                 mirror_percent=target.mirror_percent if candidate else 0,
+                activatable=_activatable(target),
             )
             for caller in callers
         ]
     return found
+
+
+def _activatable(target: DeploymentTarget) -> bool:
+    """At zero because the autoscaler found it idle, not paused by hand: a request may wake it."""
+    return (
+        target.desired_replicas == 0
+        and target.wakes_on_request
+        and target.deployment.state == DeploymentState.ACTIVE
+    )
 
 
 def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:

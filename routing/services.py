@@ -116,6 +116,8 @@ def _move(
     history = RoutingEvent.objects.filter(tenant=tenant, model_name=name).exclude(
         kind__in=[RoutingEventKind.HEALTHY, RoutingEventKind.UNHEALTHY]
     )
+    if not now and "activatable" in route:
+        return None  # idled to zero by the autoscaler and woken by the next request: not an outage
     if not now:
         return RoutingEventKind.UNAVAILABLE, f"{name}: {route.get('unavailable', 'no region can serve')}"
     if not was:

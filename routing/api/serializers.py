@@ -1,8 +1,45 @@
-"""Output shapes of the routing API (the route table itself is ``gateway/contract.py``'s)."""
+"""Shapes of the routing API: the activation a gateway asks for, and the outputs (the route table itself
+is ``gateway/contract.py``'s)."""
+
+from typing import Any
 
 from rest_framework import serializers
 
+from core.api.conventions import StrictSerializer
 from routing.models import EndpointHealth, RoutingEvent
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string and nothing else: DRF's CharField would take ``5`` as ``"5"``."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer and nothing else: DRF's IntegerField would take ``"3"`` and ``3.0``."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class ActivationSerializer(StrictSerializer):
+    """``gateway.contract.Activation``: the route a gateway holds requests for."""
+
+    tenant = StrictCharField(max_length=50)
+    model = StrictCharField(max_length=100)
+    held = StrictIntegerField(min_value=1, max_value=1_000_000)
+
+
+class ActivationResultSerializer(serializers.Serializer):
+    deployment = serializers.IntegerField(source="deployment.pk")
+    region = serializers.CharField()
+    replicas = serializers.IntegerField()
+    woke = serializers.BooleanField(help_text="false: the region was already starting or running")
 
 
 class EndpointHealthSerializer(serializers.ModelSerializer):

@@ -11,4 +11,5 @@ urlpatterns = [
     path("routing/health/", views.HealthView.as_view(), name="health"),
     path("routing/events/", views.EventsView.as_view(), name="events"),
     path("routing/what-if/", views.WhatIfView.as_view(), name="what-if"),
+    path("routing/activations/", views.ActivationView.as_view(), name="activations"),
 ]

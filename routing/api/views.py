@@ -1,21 +1,29 @@
-"""Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if."""
+"""Routing API: the route table (whole and per tenant) for gateways and people, exports, health, what-if,
+and the activation gateways ask for when they hold requests for a deployment at zero."""
 
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core.api.conventions import idempotent
 from core.api.views import ERRORS, PrincipalMixin
 from core.choices import Scope
 from core.errors import ValidationFailed
 from gateway import contract
 from regions.models import Region
-from routing import exports, selectors, services
-from routing.api.serializers import EndpointHealthSerializer, RoutingEventSerializer
+from routing import activation, exports, selectors, services
+from routing.api.serializers import (
+    ActivationResultSerializer,
+    ActivationSerializer,
+    EndpointHealthSerializer,
+    RoutingEventSerializer,
+)
 
 LONG_POLL = [
     OpenApiParameter("wait", float, description="seconds to wait for a newer table (at most 30)"),
@@ -105,3 +113,18 @@ class WhatIfView(PrincipalMixin):
         if not Region.objects.filter(code=code).exists():
             raise ValidationFailed(f"Unknown region {code!r}; pass ?region=<code>.")
         return Response({"region": code, "impact": selectors.what_if(self.principal, code)})
+
+
+class ActivationView(PrincipalMixin):
+    @extend_schema(request=ActivationSerializer, responses={202: ActivationResultSerializer, **ERRORS})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        """A gateway holds requests for a route at zero (``gateway:sync``): wake the region the published
+        route table offers as ``activatable`` to one replica. Calling again while it starts changes
+        nothing (``woke`` false); a route that is served, or unavailable for another reason, is 409
+        ``not_activatable``."""
+        self.principal.require(Scope.GATEWAY_SYNC)
+        data = ActivationSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        woken = activation.activate(**data.validated_data, now=timezone.now())
+        return Response(ActivationResultSerializer(woken).data, status=202)

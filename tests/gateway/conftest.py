@@ -30,5 +30,6 @@ def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: i
         "regions": regions,
         "tokens": invoke,
         "live": live_server,
+        "gateway_token": gateway_token,
     }
     gateway.stop()

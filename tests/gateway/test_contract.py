@@ -92,10 +92,14 @@ def test_the_route_table_has_exactly_the_contracts_fields() -> None:
     assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
     assert set(route["endpoints"][0]) == _keys(contract.Endpoint)
     unserved = route_table(policies, [_placement(ready=False)])["acme"]["models"]["chat"]
-    assert set(unserved) == _keys(contract.Route) - {"splits"}  # no rollout: no splits
+    assert set(unserved) == _keys(contract.Route) - {"splits", "activatable"}  # no rollout, not idle
+    idle = _placement(ready=False, endpoints=(), activatable=True)
+    at_zero = route_table(policies, [idle])["acme"]["models"]["chat"]
+    assert set(at_zero) == _keys(contract.Route) - {"splits"}
+    assert set(at_zero["activatable"]) == _keys(contract.Activatable)
     candidate = _placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
     rolling = route_table(policies, [_placement(), candidate])["acme"]["models"]["chat"]
-    assert set(rolling) == _keys(contract.Route) - {"unavailable"}
+    assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable"}
     assert set(rolling["splits"]["eu-west-1"]) == _keys(contract.Split)
 
 
@@ -129,3 +133,9 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     (record,) = sent
     assert set(record) == contract.USAGE_FIELDS
     assert {"request_id", "tenant", "started_at"} == contract.USAGE_REQUIRED_FIELDS
+
+
+def test_the_activation_a_gateway_sends_is_exactly_what_the_api_takes() -> None:
+    from routing.api.serializers import ActivationSerializer
+
+    assert set(ActivationSerializer().fields) == _keys(contract.Activation)

@@ -57,6 +57,7 @@ def worlds(draw):  # type: ignore[no-untyped-def]
                     weights_verified=draw(st.booleans()),
                     endpoints=endpoints,
                     location=LOCATIONS[jurisdiction],
+                    activatable=draw(st.booleans()),
                 )
             )
     return tenants, placements
@@ -80,6 +81,35 @@ def test_an_endpoint_is_routed_only_inside_residency_and_only_when_it_can_serve(
                 assert "data residency" in entry["unavailable"]  # a 503 that names the constraint
             priorities = [e["priority"] for e in entry["endpoints"]]
             assert priorities == sorted(priorities)
+
+
+def _may_wake(tenant: TenantPolicy, placement: Placement) -> bool:
+    return (
+        placement.activatable
+        and placement.region_active
+        and placement.weights_verified
+        and placement.jurisdiction in tenant.residency
+        and placement.jurisdiction in placement.allowed_jurisdictions
+    )
+
+
+@given(worlds())
+def test_a_region_is_offered_to_wake_only_inside_residency_and_only_when_nothing_serves(world):  # type: ignore[no-untyped-def]
+    tenants, placements = world
+    table = route_table(tenants, placements)
+    for tenant in tenants:
+        for entry in table[tenant.slug]["models"].values():
+            mine = [p for p in placements if p.tenant == tenant.slug]
+            offer = entry.get("activatable")
+            if entry["endpoints"] or not any(_may_wake(tenant, p) for p in mine):
+                assert offer is None  # served, or nowhere compliant to wake: a plain 503
+                continue
+            assert offer is not None
+            woken = next(p for p in mine if p.region == offer["region"])
+            assert _may_wake(tenant, woken)  # never a region outside residency, draining, or unverified
+            assert offer["deployment"] == woken.deployment_id
+            if not woken.ready:  # a ready one was just set to zero: its engine is still there, unhealthy
+                assert f"{woken.region} is at zero replicas and wakes on a request" in entry["unavailable"]
 
 
 def placement(region: str, jurisdiction: str, location, healthy: bool = True, **load: float) -> Placement:  # type: ignore[no-untyped-def]
@@ -234,3 +264,35 @@ def test_a_candidate_shares_its_regions_tier_and_carries_its_weights():
     assert entry["splits"] == {"eu-west-1": {"candidate": 25, "mirror": 10}}
     unhealthy = replace(candidate, endpoints=(Endpoint("http://eu-west-1-r1", healthy=False),))
     assert "splits" not in route(policy, [stable, unhealthy])  # nothing to split to: all baseline
+
+
+def at_zero(region: str, jurisdiction: str, location, **fields: object) -> Placement:  # type: ignore[no-untyped-def]
+    """Idled to zero by the autoscaler: no endpoints, not ready, a request wakes it."""
+    return replace(
+        placement(region, jurisdiction, location), ready=False, endpoints=(), activatable=True, **fields
+    )
+
+
+def test_a_route_at_zero_offers_the_nearest_compliant_idle_region_and_says_so():
+    policy = TenantPolicy("acme", frozenset({"EU"}), home=(53.3, -6.3))  # Dublin
+    paused = replace(at_zero("eu-west-1", "EU", (53.3, -6.3)), activatable=False)  # paused by hand
+    idle = at_zero("eu-central-1", "EU", (50.1, 8.7))
+    nearer_but_us = at_zero("us-east-1", "US", (40.7, -10.0))  # made nearer than Frankfurt: still refused
+    entry = route(policy, [nearer_but_us, idle, paused])
+    assert entry["endpoints"] == []
+    assert entry["activatable"] == {"deployment": 7, "region": "eu-central-1"}
+    assert "eu-central-1 is at zero replicas and wakes on a request" in entry["unavailable"]
+    assert "eu-west-1 is not ready" in entry["unavailable"]  # paused: not offered
+    assert "activatable" not in route(policy, [nearer_but_us, paused])  # only outside residency: 503
+
+
+def test_nothing_is_offered_to_wake_while_a_region_serves_or_where_it_could_not_serve():
+    policy = TenantPolicy("acme", frozenset({"EU"}), home=(53.3, -6.3))
+    idle = at_zero("eu-central-1", "EU", (50.1, 8.7))
+    serving = placement("eu-west-1", "EU", (53.3, -6.3))
+    assert "activatable" not in route(policy, [serving, idle])
+    assert "activatable" not in route(policy, [replace(idle, region_active=False)])
+    unverified = route(policy, [replace(idle, weights_verified=False)])
+    assert "activatable" not in unverified and "eu-central-1 is not ready" in unverified["unavailable"]
+    gone_ready = replace(idle, ready=True, endpoints=(Endpoint("http://eu-central-1"),))
+    assert route(policy, [gone_ready])["endpoints"]  # set to zero, engine not stopped yet: still serves

@@ -49,6 +49,20 @@ def test_first_service_is_neither_a_restore_nor_a_failback_but_real_ones_are_rec
     assert [a.action for a in audited] == [f"routing.{kind}" for kind in _kinds()]
 
 
+def test_idling_to_zero_and_waking_on_a_request_is_not_an_outage_and_not_a_restore(world):
+    at_zero = {**_route(), "activatable": {"deployment": 1, "region": "eu-west-1"}}
+    steps = [
+        _route("eu-west-1"),  # served
+        at_zero,  # the autoscaler idled it: a request wakes it
+        _route(),  # woken, starting
+        _route("eu-west-1"),  # served again
+        _route(),  # then it really fails
+    ]
+    for generation, (before, after) in enumerate(itertools.pairwise(steps), start=2):
+        services._record_moves(_table(world, before), _table(world, after), generation)
+    assert _kinds() == ["unavailable"]
+
+
 def _ready(deployment) -> bool:  # type: ignore[no-untyped-def]
     converge(deployment)
     health.cycle()

@@ -22,7 +22,8 @@ LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7), "us-east-1"
 
 
 class Gateway:
-    def __init__(self, control_plane: str, token: str, cache: Path, log: Path):
+    def __init__(self, control_plane: str, token: str, cache: Path, log: Path, **settings: str):
+        """``settings``: more of the gateway's environment (GATEWAY_HOLD_TIMEOUT_SECONDS="3", ...)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = child_env(
@@ -30,6 +31,7 @@ class Gateway:
             GATEWAY_TOKEN=token,
             GATEWAY_CACHE_FILE=str(cache),
             GATEWAY_LONG_POLL_SECONDS="2",  # a poll still open when a test ends would outlive its database
+            **settings,
         )
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gateway", "--port", str(self.port)],
@@ -47,6 +49,9 @@ class Gateway:
 
     def generation(self) -> int:
         return int(requests.get(f"{self.url}/healthz", timeout=1).json()["generation"])
+
+    def health(self) -> dict:  # type: ignore[type-arg]
+        return requests.get(f"{self.url}/healthz", timeout=1).json()  # type: ignore[no-any-return]
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)

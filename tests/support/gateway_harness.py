@@ -125,6 +125,7 @@ class FakeControlPlane:
     name_refused: bool = True  # say which record was refused ("records[3]: ...")
     lose_replies: bool = False  # store the batch, then answer 503 (the reply lost on the way back)
     batches: int = 0
+    activations: list[dict[str, Any]] = field(default_factory=list)  # bodies of POST .../activations/
     url: str = ""
 
     def start(self) -> "FakeControlPlane":
@@ -134,6 +135,9 @@ class FakeControlPlane:
     def answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         if self.down:
             return reply(handler, 503, {"error": {"message": "down"}})
+        if handler.path.startswith("/api/v1/routing/activations/"):
+            self.activations.append(json.loads(body))
+            return reply(handler, 202, {"deployment": 1, "region": "eu-west-1", "replicas": 1, "woke": True})
         if handler.path.startswith("/api/v1/usage/"):
             batch = json.loads(body)["records"]
             self.batches += 1
