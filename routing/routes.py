@@ -8,7 +8,8 @@ it, in priority tiers and with weights. Residency is a hard filter; everything e
   weights are verified there, and the endpoint is healthy;
 - priority: regions ordered by distance from the tenant's home region (nearest first), then by price,
   then by code: a gateway sends to the lowest tier that has an endpoint left, so traffic stays home
-  and moves to the next compliant region only when home has nothing healthy;
+  and moves to the next compliant region only when home has nothing healthy. A region the autoscaler
+  spilled a full region's overflow into (``overflow_of``) shares that region's tier;
 - weight (1-100, within a tier): load headroom from vLLM's own gauges (waiting requests count four times
   a running one, KV-cache usage above 90 % halves the weight).
 
@@ -63,6 +64,7 @@ class Placement:
     traffic_percent: int = 0  # a candidate's share of the region's requests
     mirror_percent: int = 0  # the share of the region's requests copied to a candidate (shadow)
     activatable: bool = False  # at zero replicas because idle (not paused by hand): a request wakes it
+    overflow_of: str = ""  # the region whose overflow this one takes (the autoscaler spilled here): its tier
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,15 @@ def _splits(eligible: list[Placement]) -> dict[str, contract.Split]:
     }
 
 
+def _tiers(eligible: list[Placement]) -> dict[str, int]:
+    """Each region's tier: its place in the order, except that a region taking another's overflow shares
+    that region's tier (while that one is eligible), so the two split its traffic by headroom."""
+    present = {p.region for p in eligible}
+    home = {p.region: p.overflow_of if p.overflow_of in present else p.region for p in eligible}
+    order = {region: tier for tier, region in enumerate(dict.fromkeys(home[p.region] for p in eligible))}
+    return {region: order[home[region]] for region in present}
+
+
 def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Route:
     """The route of one model name for one tenant. A region is one tier, whichever revisions run there."""
     mine = sorted(
@@ -147,7 +158,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
         ),
     )
     eligible = [p for p in mine if not _why_not(policy, p)]
-    tiers = {region: tier for tier, region in enumerate(dict.fromkeys(p.region for p in eligible))}
+    tiers = _tiers(eligible)
     endpoints: list[contract.Endpoint] = [
         {
             "url": endpoint.url,

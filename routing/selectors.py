@@ -214,6 +214,7 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 traffic_percent=target.traffic_percent if candidate else 0,
                 mirror_percent=target.mirror_percent if candidate else 0,
                 activatable=_activatable(target),
+                overflow_of=target.overflow_of,
             )
             for caller in callers
         ]

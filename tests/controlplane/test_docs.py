@@ -9,7 +9,16 @@ from core.api.conventions import DRF_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
 # The gateway has its own docs.
-API_PACKAGES = ("controlplane", "registry", "regions", "artifacts", "billing", "routing", "rollouts", "autoscaling")
+API_PACKAGES = (
+    "controlplane",
+    "registry",
+    "regions",
+    "artifacts",
+    "billing",
+    "routing",
+    "rollouts",
+    "autoscaling",
+)
 
 
 def raised_codes() -> dict[str, str]:

@@ -296,3 +296,26 @@ def test_nothing_is_offered_to_wake_while_a_region_serves_or_where_it_could_not_
     assert "activatable" not in unverified and "eu-central-1 is not ready" in unverified["unavailable"]
     gone_ready = replace(idle, ready=True, endpoints=(Endpoint("http://eu-central-1"),))
     assert route(policy, [gone_ready])["endpoints"]  # set to zero, engine not stopped yet: still serves
+
+
+def test_a_region_taking_anothers_overflow_shares_its_tier_while_that_one_serves():
+    policy = TenantPolicy("acme", frozenset({"EU"}), home=(53.3, -6.3))  # Dublin
+    dublin, frankfurt, stockholm = (53.3, -6.3), (50.1, 8.7), (59.3, 18.1)
+    spill = replace(placement("eu-north-1", "EU", stockholm), overflow_of="eu-west-1")
+    entry = route(
+        policy, [placement("eu-west-1", "EU", dublin), placement("eu-central-1", "EU", frankfurt), spill]
+    )
+    tiers = {e["region"]: e["priority"] for e in entry["endpoints"]}
+    assert tiers == {"eu-west-1": 0, "eu-north-1": 0, "eu-central-1": 1}
+    home_down = route(
+        policy,
+        [
+            placement("eu-west-1", "EU", dublin, healthy=False),
+            placement("eu-central-1", "EU", frankfurt),
+            spill,
+        ],
+    )
+    assert {e["region"]: e["priority"] for e in home_down["endpoints"]} == {
+        "eu-central-1": 0,
+        "eu-north-1": 1,
+    }
