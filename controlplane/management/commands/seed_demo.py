@@ -12,6 +12,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
+from autoscaling.models import AutoscalingPolicy
+from autoscaling.services.policies import policy_set
 from billing.models import GpuPrice
 from billing.services import price_set, usage_ingest
 from core.choices import AuditSource, PlatformRole, Scope, TenantRole
@@ -221,6 +223,8 @@ def _tiny_release(actor: Principal, model: RegisteredModel, model_dir: Path, num
 # What a newcomer finds running: the catalog model deployed for a demo tenant, and a little traffic.
 DEMO_DEPLOYMENTS = [{"tenant": "acme-eu", "name": "chat", "region": "eu-west-1"}]
 DEMO_REQUESTS = 24  # spread over the hour before the first seed
+# Sized to demand from the first minute: a second replica when more than four requests run on one.
+DEMO_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "running": 4}
 
 
 def seed_deployments(actor: Principal) -> None:
@@ -240,6 +244,8 @@ def seed_deployments(actor: Principal) -> None:
                 version="1.0.0",
                 regions=[spec["region"]],
             )
+        if not AutoscalingPolicy.objects.filter(deployment=deployment).exists():
+            policy_set(actor=actor, deployment=deployment, body=DEMO_AUTOSCALING)
         seed_usage(actor, deployment, spec["region"])
 
 
