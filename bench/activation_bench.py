@@ -478,14 +478,22 @@ def scale_on_signal(deployment: Any, clock: Clock, router: Loop, timeout: float)
     from routing.models import EndpointHealth
 
     back_to_one(deployment, timeout)
+    (url,) = serving(deployment).endpoints
+    until(lambda: EndpointHealth.objects.filter(url=url).exists(), timeout, "the router's probe of it")
     with router.paused():  # its next probe would read the idle engine's real gauge (0) back
-        (url,) = serving(deployment).endpoints
-        EndpointHealth.objects.filter(url=url).update(running=RUNNING_SIGNAL)
+        if EndpointHealth.objects.filter(url=url).update(running=RUNNING_SIGNAL) != 1:
+            raise RuntimeError(f"the router forgot {url} between two rounds")
         crossed = time.time()
-        evaluate_all(now=clock.advance())
+        report = evaluate_all(now=clock.advance())
         written = time.time()
     if serving(deployment).desired_replicas != 2:
-        raise RuntimeError(f"the evaluator did not scale up: {serving(deployment).desired_replicas} replicas")
+        from autoscaling.models import ScalerState
+
+        state = ScalerState.objects.get(target=serving(deployment))
+        raise RuntimeError(
+            f"the evaluator did not scale up: {serving(deployment).desired_replicas} replicas; {report}; "
+            f"signals {state.signals}; recommendations {state.recommendations}; changes {state.changes}"
+        )
     state = until(lambda: json.loads(replica_file(deployment, 1).read_text()), timeout, "the new replica")
     return {
         "pass": written - crossed,
