@@ -30,6 +30,11 @@ from regions.workloads import removed, target_workload, workload_spec
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
 RESYNC = timedelta(seconds=20)
+# A starting engine is looked at again this soon: a request held at a gateway waits for it (scale from
+# zero), and for a process region a look is one local /health call. Degraded targets wait RECHECK.
+STARTING_RECHECK = timedelta(seconds=0.5)
+RECHECK = timedelta(seconds=3)
+STARTING = (TargetStatus.PENDING, TargetStatus.PROVISIONING)
 MAX_BACKOFF_SECONDS = 300
 SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
 
@@ -254,11 +259,29 @@ def _record(target: DeploymentTarget, outcome: Outcome) -> None:
         "lease_until": None,
         "applied_hash": outcome.applied_hash or target.applied_hash,
         "observed_generation": target.deployment.generation,
-        "next_attempt_at": now + (RESYNC if settled else timedelta(seconds=3)),
+        "next_attempt_at": now + _recheck(outcome.status, settled),
     }
     _save(target, outcome.status, fields, outcome.error)
     for listener in hooks.ALLOCATION_LISTENERS:
         listener(target, outcome.allocated * target.deployment.gpu_count)
+
+
+def _recheck(status: str, settled: bool) -> timedelta:
+    if settled:
+        return RESYNC
+    return STARTING_RECHECK if status in STARTING else RECHECK
+
+
+def starting_due_in(region_id: int) -> float | None:
+    """Seconds until the region's next starting target is due (None: none is starting), so the task can
+    come back for it instead of leaving it to the periodic pass."""
+    due = (
+        DeploymentTarget.objects.filter(region_id=region_id, status__in=STARTING)
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
+    return None if due is None else max(0.0, (due - timezone.now()).total_seconds())
 
 
 def _record_error(target: DeploymentTarget, exc: DriverError) -> None:
