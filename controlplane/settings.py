@@ -208,6 +208,9 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "store_processed": False,
         # Broadcast (pidbox) exchanges; kombu's default is ./control, relative to wherever the worker runs.
         "control_folder": str(BROKER_DIR / "control"),
+        # The folder is polled (kombu's default: every second); a tenth keeps a woken deployment's
+        # reconcile, and a starting engine's follow-up, within a tenth of a second of being asked for.
+        "polling_interval": 0.1,
     }
 # JSON only, never pickle: a message can carry data, not code (serve relies on it for its root worker).
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
 RESYNC = timedelta(seconds=20)
 # A starting engine is looked at again this soon: a request held at a gateway waits for it (scale from
-# zero), and for a process region a look is one local /health call. Degraded targets wait RECHECK.
-STARTING_RECHECK = timedelta(seconds=0.5)
+# zero). A look is one /health call on a host, or a Deployment and its pods read from a cluster (a few
+# requests a second per starting workload, as `kubectl rollout status` makes). Degraded targets wait
+# RECHECK.
+STARTING_RECHECK = timedelta(seconds=0.25)
 RECHECK = timedelta(seconds=3)
 STARTING = (TargetStatus.PENDING, TargetStatus.PROVISIONING)
 MAX_BACKOFF_SECONDS = 300
