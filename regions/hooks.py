@@ -126,3 +126,16 @@ def on_in_cluster_scaler(
 
 def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
     return next((found for scaler in IN_CLUSTER_SCALERS if (found := scaler(target))), {})
+
+
+# Told after a target's status change commits (before, after): the router republishes at once when a
+# region starts or stops serving, instead of at its next round (a held request waits for that table).
+STATUS_LISTENERS: list[Callable[[DeploymentTarget, str, str], None]] = []
+
+
+def on_status_changed(
+    listener: Callable[[DeploymentTarget, str, str], None],
+) -> Callable[[DeploymentTarget, str, str], None]:
+    if listener not in STATUS_LISTENERS:
+        STATUS_LISTENERS.append(listener)
+    return listener

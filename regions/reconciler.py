@@ -12,6 +12,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 
 from django.db import close_old_connections, transaction
 from django.db.models import Q
@@ -327,6 +328,9 @@ def _save(target: DeploymentTarget, status: str, fields: dict[str, object], erro
         )
         if status == TargetStatus.DELETED:
             _finish_deletion(target.deployment)
+        before = target.status
+        for listener in hooks.STATUS_LISTENERS:
+            transaction.on_commit(partial(listener, target, before, status))
 
 
 def _finish_deletion(deployment: Deployment) -> None:

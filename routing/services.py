@@ -3,6 +3,7 @@ state machine; one code path for the loop, the API and tests. Reads are in ``rou
 
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Iterable
 from datetime import datetime
@@ -18,7 +19,8 @@ from core.models import Tenant
 from core.principal import Principal
 from core.services.audit import audit_record
 from gateway import contract
-from regions.models import Region
+from regions.choices import TargetStatus
+from regions.models import DeploymentTarget, Region
 from routing import selectors
 from routing.choices import (
     FAILURES_TO_EJECT,
@@ -29,6 +31,8 @@ from routing.choices import (
 )
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
 from routing.routes import route_table
+
+log = logging.getLogger(__name__)
 
 SYSTEM = Principal.system("router", source=AuditSource.TASK)
 KEEP_GENERATIONS = 200
@@ -44,6 +48,20 @@ def table_after(etag: str, wait: float) -> RouteTable:
         if table.etag != etag or time.monotonic() >= deadline:
             return table
         time.sleep(0.2)
+
+
+SERVING = frozenset({TargetStatus.READY, TargetStatus.DEGRADED})
+
+
+def republish_when_serving_changes(target: DeploymentTarget, before: str, after: str) -> None:
+    """``regions.hooks.on_status_changed`` listener: a region that starts or stops serving is in the table
+    now, not at the router's next round (a request held for a woken deployment waits for it). Never raises:
+    the router's own round publishes anyway."""
+    if before in SERVING or after in SERVING:
+        try:
+            publish()
+        except Exception:
+            log.exception("publishing after %s went %s → %s failed", target, before, after)
 
 
 def publish(now: datetime | None = None) -> RouteTable:
