@@ -307,6 +307,8 @@ def _save(target: DeploymentTarget, status: str, fields: dict[str, object], erro
         if status == target.status:
             DeploymentTarget.objects.filter(pk=target.pk).update(**fields)
             return
+        if status == TargetStatus.READY:
+            fields = {**fields, "wakes_on_request": False}  # woken and serving: no longer held for
         changed = DeploymentTarget.objects.filter(pk=target.pk, status=target.status).update(
             status=status, last_transition_at=timezone.now(), **fields
         )

@@ -222,12 +222,9 @@ def placements(now: datetime | None = None) -> list[Placement]:
 
 
 def _activatable(target: DeploymentTarget) -> bool:
-    """At zero because the autoscaler found it idle, not paused by hand: a request may wake it."""
-    return (
-        target.desired_replicas == 0
-        and target.wakes_on_request
-        and target.deployment.state == DeploymentState.ACTIVE
-    )
+    """At zero because the autoscaler found it idle (not paused by hand), or woken by a request and still
+    starting: requests for it are held, not refused (the reconciler clears the mark once it serves)."""
+    return target.wakes_on_request and target.deployment.state == DeploymentState.ACTIVE
 
 
 def _endpoint(url: str, seen: EndpointHealth | None) -> Endpoint:

@@ -185,8 +185,8 @@ def targets_scale(
     """Set the replicas of some regions (by code), each on its own: the autoscaler's and the gateway's
     activation's write path. A code the deployment is not in yet adds the region (scale-out), admitted
     by the same rules as a new deployment: residency, GPUs free, the tenant's quota; it takes the overflow
-    of the region ``overflow_of``. ``wakes_on_request`` marks the regions set to 0 as idle rather than
-    paused, so a held request wakes them."""
+    of the region ``overflow_of``. ``wakes_on_request`` marks the regions as idle (at 0) or waking (woken
+    by a held request) rather than paused: requests for them are held until they serve."""
     actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
     _check_scalable(deployment)
     for code, count in replicas.items():
@@ -283,7 +283,7 @@ def _apply_replicas(
     for target in changing:
         count = replicas[target.region.code]
         DeploymentTarget.objects.filter(pk=target.pk).update(
-            desired_replicas=count, wakes_on_request=wakes_on_request and count == 0, next_attempt_at=now
+            desired_replicas=count, wakes_on_request=wakes_on_request, next_attempt_at=now
         )
     Deployment.objects.filter(pk=deployment.pk).update(generation=F("generation") + 1, updated_at=now)
     _event(deployment, "scaled", message)

@@ -52,7 +52,7 @@ def test_a_gateway_wakes_the_offered_region_once_however_often_it_asks(at_zero, 
     assert first.status_code == 202, first.json()
     assert first.json() == {"deployment": at_zero.pk, "region": "eu-west-1", "replicas": 1, "woke": True}
     target = DeploymentTarget.objects.get(deployment=at_zero)
-    assert target.desired_replicas == 1 and not target.wakes_on_request
+    assert target.desired_replicas == 1 and target.wakes_on_request  # held for until it serves
     decision = ScalingDecision.objects.get(deployment=at_zero, kind="activate")
     assert (decision.from_replicas, decision.to_replicas) == (0, 1)
     assert decision.reason == "3 request(s) held at a gateway" and decision.signals == {"held_requests": 3}
@@ -62,10 +62,20 @@ def test_a_gateway_wakes_the_offered_region_once_however_often_it_asks(at_zero, 
     assert again.status_code == 202 and again.json()["woke"] is False and again.json()["replicas"] == 1
     assert activations(at_zero) == (1, 1)  # starting already: nothing written
 
-    services.publish()  # the table now says it is starting, not activatable
+    table = services.publish()  # starting: new requests are still held, not refused
+    assert table.body["tenants"]["acme"]["models"]["chat"]["activatable"]["region"] == "eu-west-1"
     late = gateway.post(URL, {"tenant": "acme", "model": "chat", "held": 5}, format="json")
-    assert late.status_code == 409 and late.json()["error"]["code"] == "not_activatable"
+    assert late.status_code == 202 and late.json()["woke"] is False
     assert activations(at_zero) == (1, 1)
+
+
+def test_an_activation_from_a_table_older_than_a_residency_change_wakes_nothing(world, at_zero, gateway):
+    world.tenant_a.residency = ["CH"]  # narrowed since the table was published
+    world.tenant_a.save()
+    refused = gateway.post(URL, {"tenant": "acme", "model": "chat", "held": 1}, format="json")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_activatable"
+    assert DeploymentTarget.objects.get(deployment=at_zero).desired_replicas == 0
+    assert activations(at_zero) == (0, 0)
 
 
 def test_a_deployment_paused_by_hand_or_served_is_not_activatable(world, at_zero, gateway):
