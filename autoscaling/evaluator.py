@@ -60,6 +60,17 @@ class Fleet:
     free_gpus: dict[tuple[int, str], int]  # (region id, GPU type): free
     tenant_room: dict[int, int | None]  # tenant id: GPUs its quota still allows (None: no quota)
     price: Any  # billing.reports.prices_now
+    region_ids: dict[str, int]  # region code: id
+
+    def took(self, deployment: Deployment, changed: dict[str, tuple[int, int]]) -> None:
+        """Count a scale made in this pass, so the deployments after it see the GPUs it took or freed."""
+        for code, (before, after) in changed.items():
+            gpus = (after - before) * deployment.gpu_count
+            pool = (self.region_ids[code], deployment.gpu_type)
+            self.free_gpus[pool] = self.free_gpus.get(pool, 0) - gpus
+            room = self.tenant_room.get(deployment.owner_id)
+            if room is not None:
+                self.tenant_room[deployment.owner_id] = room - gpus
 
 
 def evaluate_all(*, now: datetime) -> Report:
@@ -79,11 +90,12 @@ def evaluate_all(*, now: datetime) -> Report:
     report = Report(deployments=len(policies), targets=len(targets))
     data = Fleet(
         now=now,
-        values=_values(targets, policies, report),
+        values=_values(targets, policies, report, now),
         last_request=_last_requests(policies, now),
         free_gpus=_free_gpus(),
         tenant_room=_tenant_room({p.deployment.owner_id for p in policies}),
         price=prices_now(now),
+        region_ids=dict(Region.objects.values_list("code", "pk")),
     )
     by_deployment: dict[int, list[DeploymentTarget]] = defaultdict(list)
     for target in targets:
@@ -123,7 +135,7 @@ def _states(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:
 
 
 def _values(
-    targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report
+    targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report, now: datetime
 ) -> dict[int, signals.Values]:
     windows = {p.deployment_id: int(p.spec.get("window_seconds", Policy.window_seconds)) for p in policies}
     by_region: dict[int, list[DeploymentTarget]] = defaultdict(list)
@@ -135,15 +147,21 @@ def _values(
     values: dict[int, signals.Values] = {}
     for region_id, found in by_region.items():
         window = max(windows[t.deployment_id] for t in found)  # one query per signal for the region
-        got, source = signals.region_values(regions[region_id], found, window)
+        got, source = signals.region_values(regions[region_id], found, window, now)
         values.update(got)
         report.sources[regions[region_id].code] = source
     return values
 
 
 def _last_requests(policies: list[AutoscalingPolicy], now: datetime) -> dict[tuple[int, str], datetime]:
-    """When each (deployment, region) last took a request, within the longest idle window of any policy."""
-    longest = max((int(p.spec.get("idle_seconds", Policy.idle_seconds)) for p in policies), default=0)
+    """When each (deployment, region) last took a request, within the longest idle window of any policy
+    (a region's own, in its overrides, included)."""
+    windows = [
+        int(fields.get("idle_seconds", Policy.idle_seconds))
+        for p in policies
+        for fields in (p.spec, *p.overrides.values())
+    ]
+    longest = max(windows, default=0)
     idle = [p.deployment_id for p in policies if int(p.spec.get("min_replicas", 1)) == 0 or p.overrides]
     if not idle:
         return {}
@@ -206,6 +224,7 @@ def _evaluate_deployment(
             history=state.recommendations,
             changes=state.changes,
             now=epoch,
+            ready=len(target.endpoints),  # the replicas the signals come from: the driver lists ready ones
         )
     changed, limited = _apply(deployment, targets, decisions, policies, data, report)
     dirty = []
@@ -255,9 +274,10 @@ def _apply(
         idle = [t for t in group if decisions[t.region.code].kind == DecisionKind.SCALE_TO_ZERO]
         if idle and all(t in idle or not t.desired_replicas for t in group):  # the whole group is idle
             reason = decisions[idle[0].region.code].reason
-            changed |= _scale(
+            # Only the idle regions: one already at zero (paused by hand) must not start waking on requests.
+            done = _scale(
                 deployment,
-                {t.region.code: 0 for t in group},
+                {t.region.code: 0 for t in idle},
                 group,
                 DecisionKind.SCALE_TO_ZERO,
                 reason,
@@ -265,6 +285,8 @@ def _apply(
                 report,
                 wakes=True,
             )
+            data.took(deployment, done)
+            changed |= done
             continue
         # A home region at zero is woken by requests, not here; an overflow region at zero may grow again.
         members = [
@@ -288,7 +310,7 @@ def _apply(
             )
             if plan.spilled_to:
                 reason += f"; {home} is full: spilled to {plan.spilled_to}"
-            changed |= _scale(
+            done = _scale(
                 deployment,
                 plan.replicas,
                 group,
@@ -298,6 +320,8 @@ def _apply(
                 report,
                 overflow_of=home if plan.spilled_to else "",
             )
+            data.took(deployment, done)
+            changed |= done
     return changed, limited
 
 

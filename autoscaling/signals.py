@@ -9,6 +9,7 @@ instantaneous, refreshed every second); TTFT has no such fallback (a histogram n
 
 import logging
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from regions.drivers.prometheus import prometheus_client
@@ -57,24 +58,27 @@ def from_prometheus(url: str, targets: list[DeploymentTarget], window: int) -> d
     return {t: {s: per_replica(s, v) for s, v in found.items()} for t, found in samples.items()}
 
 
-def from_probes(targets: list[DeploymentTarget]) -> dict[int, Values]:
-    """{target id: values} from the router's last probe of each endpoint's /metrics."""
+def from_probes(targets: list[DeploymentTarget], since: datetime) -> dict[int, Values]:
+    """{target id: values} from the router's last probe of each endpoint's /metrics, if it probed since
+    ``since`` (a row the prober stopped refreshing, the router being down, is no signal, not load)."""
     urls = {url: t.pk for t in targets for url in t.endpoints}
     samples: dict[int, dict[str, list[float]]] = {}
-    for seen in EndpointHealth.objects.filter(url__in=list(urls)).only("url", *GAUGE_FIELDS.values()):
+    fresh = EndpointHealth.objects.filter(url__in=list(urls), checked_at__gte=since)
+    for seen in fresh.only("url", *GAUGE_FIELDS.values()):
         for signal, column in GAUGE_FIELDS.items():
             samples.setdefault(urls[seen.url], {}).setdefault(signal, []).append(getattr(seen, column))
     return {t: {s: per_replica(s, v) for s, v in found.items()} for t, found in samples.items()}
 
 
 def region_values(
-    region: Region, targets: list[DeploymentTarget], window: int
+    region: Region, targets: list[DeploymentTarget], window: int, now: datetime
 ) -> tuple[dict[int, Values], str]:
     """Every target's values and where they came from ("prometheus", or "probes" and why)."""
+    since = now - timedelta(seconds=window)
     if region.prometheus_url:
         try:
             return from_prometheus(region.prometheus_url, targets, window), "prometheus"
         except Exception as exc:  # any failure of Prometheus: the probes still know the gauges
             log.warning("autoscaler: Prometheus of %s failed, using the probes: %s", region.code, exc)
-            return from_probes(targets), f"probes (Prometheus failed: {str(exc)[:200]})"
-    return from_probes(targets), "probes"
+            return from_probes(targets, since), f"probes (Prometheus failed: {str(exc)[:200]})"
+    return from_probes(targets, since), "probes"
