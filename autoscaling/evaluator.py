@@ -21,8 +21,9 @@ from django.db.models import F, Max, Sum
 
 from autoscaling import algorithm, fleet, signals
 from autoscaling.choices import DecisionKind, ScalerMode
+from autoscaling.memory import Memory, states_of
 from autoscaling.models import AutoscalingPolicy, ScalerState
-from autoscaling.policy import Policy, effective
+from autoscaling.policy import Policy, effective, parse
 from billing.models import UsageRecord
 from billing.reports import prices_now
 from core.choices import AuditSource
@@ -37,8 +38,6 @@ from regions.services.deployments import targets_scale
 
 log = logging.getLogger(__name__)
 AUTOSCALER = Principal.system("autoscaler", source=AuditSource.TASK)
-SAMPLE_SECONDS = 60  # the console's timeline: one point a minute
-SAMPLES_KEPT = 60  # an hour
 
 
 @dataclass
@@ -86,7 +85,7 @@ def evaluate_all(*, now: datetime) -> Report:
     )
     policies = [p for p in policies if p.deployment_id not in in_rollout]
     targets = _targets(policies)
-    states = _states(targets)
+    states = states_of(targets)
     report = Report(deployments=len(policies), targets=len(targets))
     data = Fleet(
         now=now,
@@ -100,56 +99,49 @@ def evaluate_all(*, now: datetime) -> Report:
     by_deployment: dict[int, list[DeploymentTarget]] = defaultdict(list)
     for target in targets:
         by_deployment[target.deployment_id].append(target)
-    dirty: list[ScalerState] = []
+    memory = Memory()
     for policy in policies:
         mine = by_deployment.get(policy.deployment_id, [])
         if mine:
-            dirty += _evaluate_deployment(policy, mine, states, data, report)
-    ScalerState.objects.bulk_update(
-        dirty, ["recommendations", "changes", "samples", "signals", "limited", "evaluated_at"], batch_size=500
-    )
+            _evaluate_deployment(policy, mine, states, data, report, memory)
+    memory.write()
     return report
 
 
 def _targets(policies: list[AutoscalingPolicy]) -> list[DeploymentTarget]:
     delegating = {p.deployment_id for p in policies if p.mode != ScalerMode.CONTROL_PLANE}
-    found = (
+    regions = Region.objects.in_bulk()  # a handful of rows, not one Region built per target
+    found = list(
         DeploymentTarget.objects.filter(
             deployment_id__in=[p.deployment_id for p in policies], role=TargetRole.STABLE
         )
         .exclude(status=TargetStatus.DELETED)
-        .select_related("region")
+        .defer("cold_starts", "last_error")
     )
+    for target in found:
+        target.region = regions[target.region_id]
     # A Kubernetes region of a delegating policy is scaled by its cluster; other regions stay ours.
     return [
         t for t in found if not (t.deployment_id in delegating and t.region.driver == DriverKind.KUBERNETES)
     ]
 
 
-def _states(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:
-    states = {s.target_id: s for s in ScalerState.objects.filter(target__in=targets)}
-    missing = [ScalerState(target=t) for t in targets if t.pk not in states]
-    for state in ScalerState.objects.bulk_create(missing):
-        states[state.target_id] = state
-    return states
-
-
 def _values(
     targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report, now: datetime
 ) -> dict[int, signals.Values]:
+    """Every serving target's signals: one set of queries per Prometheus (regions that share one are asked
+    together), and one read of the probes for all the regions without one."""
     windows = {p.deployment_id: int(p.spec.get("window_seconds", Policy.window_seconds)) for p in policies}
-    by_region: dict[int, list[DeploymentTarget]] = defaultdict(list)
-    regions: dict[int, Region] = {}
+    by_source: dict[str, list[DeploymentTarget]] = defaultdict(list)  # a Prometheus URL, or "": probes
     for target in targets:
         if target.desired_replicas and target.endpoints:
-            by_region[target.region_id].append(target)
-            regions[target.region_id] = target.region
+            by_source[target.region.prometheus_url].append(target)
     values: dict[int, signals.Values] = {}
-    for region_id, found in by_region.items():
-        window = max(windows[t.deployment_id] for t in found)  # one query per signal for the region
-        got, source = signals.region_values(regions[region_id], found, window, now)
+    for found in by_source.values():
+        window = max(windows[t.deployment_id] for t in found)  # one query per signal, whatever the count
+        got, source = signals.region_values(found[0].region, found, window, now)
         values.update(got)
-        report.sources[regions[region_id].code] = source
+        report.sources |= {t.region.code: source for t in found}
     return values
 
 
@@ -208,14 +200,16 @@ def _evaluate_deployment(
     states: dict[int, ScalerState],
     data: Fleet,
     report: Report,
-) -> list[ScalerState]:
+    memory: Memory,
+) -> None:
     deployment = policy.deployment
     epoch = data.now.timestamp()
     decisions: dict[str, algorithm.Decision] = {}
     policies: dict[str, Policy] = {}
+    spec = parse(policy.spec)  # once per deployment: each region only adds its overrides
     for target in targets:
         code, state = target.region.code, states[target.pk]
-        policies[code] = effective(policy.spec, policy.overrides, code)
+        policies[code] = effective(policy.spec, policy.overrides, code, spec_parsed=spec)
         decisions[code] = algorithm.decide(
             policies[code],
             target.desired_replicas,
@@ -227,14 +221,18 @@ def _evaluate_deployment(
             ready=len(target.endpoints),  # the replicas the signals come from: the driver lists ready ones
         )
     changed, limited = _apply(deployment, targets, decisions, policies, data, report)
-    dirty = []
     for target in targets:
-        code, state = target.region.code, states[target.pk]
-        if _remember(
-            state, target, decisions[code], changed.get(code), limited.get(code, ""), data, policies[code]
-        ):
-            dirty.append(state)
-    return dirty
+        code = target.region.code
+        memory.remember(
+            states[target.pk],
+            target,
+            decisions[code],
+            changed.get(code),
+            limited.get(code, ""),
+            data.now,
+            data.values.get(target.pk, {}),
+            policies[code],
+        )
 
 
 def _idle(target: DeploymentTarget, state: ScalerState, data: Fleet) -> float:
@@ -419,33 +417,3 @@ def _scale(
         return {}
     report.scaled.append(f"{deployment}: {reason}")
     return {code: (before.get(code, 0), count) for code, count in replicas.items()}
-
-
-def _remember(
-    state: ScalerState,
-    target: DeploymentTarget,
-    decision: algorithm.Decision,
-    change: tuple[int, int] | None,
-    limited: str,
-    data: Fleet,
-    policy: Policy,
-) -> bool:
-    """Update the state; True when it must be written."""
-    epoch = data.now.timestamp()
-    dirty = False
-    if decision.recommendations != state.recommendations:
-        state.recommendations, dirty = decision.recommendations, True
-    keep = max(policy.scale_up_period_seconds, policy.scale_down_period_seconds)
-    changes = [c for c in state.changes if c[0] > epoch - keep]
-    if change is not None:
-        changes.append([epoch, *change])
-    if changes != state.changes:
-        state.changes, dirty = changes, True
-    if limited != state.limited:
-        state.limited, dirty = limited, True
-    values = data.values.get(target.pk, {})
-    if not state.samples or epoch - state.samples[-1][0] >= SAMPLE_SECONDS or change is not None:
-        replicas = change[1] if change is not None else target.desired_replicas
-        state.samples = [*state.samples, [epoch, replicas, values]][-SAMPLES_KEPT:]
-        state.signals, state.evaluated_at, dirty = values, data.now, True
-    return dirty

@@ -8,6 +8,7 @@ instantaneous, refreshed every second); TTFT has no such fallback (a histogram n
 """
 
 import logging
+import math
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
@@ -53,7 +54,9 @@ def from_prometheus(url: str, targets: list[DeploymentTarget], window: int) -> d
         for series in prometheus.custom_query(query.format(w=window)):
             target = owner.get(series["metric"].get("instance", ""))
             value = float(series["value"][1])
-            if target is not None and value == value:  # NaN: no requests in the window (a histogram)
+            # NaN: no requests in the window (a histogram); +Inf: all in the last bucket, a quantile with no
+            # bound (and JSON, hence the stored state, has no infinity).
+            if target is not None and math.isfinite(value):
                 samples.setdefault(target, {}).setdefault(signal, []).append(value)
     return {t: {s: per_replica(s, v) for s, v in found.items()} for t, found in samples.items()}
 
@@ -73,7 +76,8 @@ def from_probes(targets: list[DeploymentTarget], since: datetime) -> dict[int, V
 def region_values(
     region: Region, targets: list[DeploymentTarget], window: int, now: datetime
 ) -> tuple[dict[int, Values], str]:
-    """Every target's values and where they came from ("prometheus", or "probes" and why)."""
+    """Every target's values and where they came from ("prometheus", or "probes" and why). ``targets``
+    may span several regions: those whose Prometheus is ``region``'s (or, without one, any)."""
     since = now - timedelta(seconds=window)
     if region.prometheus_url:
         try:

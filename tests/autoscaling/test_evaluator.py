@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from autoscaling import evaluator
+from autoscaling import evaluator, memory
 from autoscaling.models import ScalingDecision
 from core.models import AuditEvent
 from regions.models import DeploymentTarget, GpuPool, Region
@@ -296,3 +296,18 @@ def test_an_idle_group_goes_to_zero_without_waking_a_region_already_at_zero(flee
     assert target(chat, "eu-west-1").wakes_on_request
     assert not target(chat, "eu-north-1").wakes_on_request
     assert [(d.region.code, d.kind) for d in decisions(chat)] == [("eu-west-1", "scale_to_zero")]
+
+
+@pytest.mark.parametrize("in_sql", [True, False], ids=["appended-by-postgresql", "rewritten-by-django"])
+def test_the_timeline_keeps_one_point_a_minute_for_an_hour(chat, monkeypatch, in_sql):
+    monkeypatch.setattr(memory, "_appends_in_sql", lambda: in_sql)
+    for minute in range(65):
+        at = NOW + timedelta(minutes=minute)
+        serve(chat, "eu-west-1", running=4, at=at)
+        evaluator.evaluate_all(now=at)
+        evaluator.evaluate_all(now=at + timedelta(seconds=15))  # inside the minute: no point
+    samples = state(chat, "eu-west-1").samples
+    assert len(samples) == 60
+    assert [s[0] for s in samples] == [(NOW + timedelta(minutes=m)).timestamp() for m in range(5, 65)]
+    assert samples[-1][1:] == [1, {"running": 4.0, "waiting": 0.0, "kv_cache": 0.0}]
+    assert state(chat, "eu-west-1").evaluated_at == NOW + timedelta(minutes=64)

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from autoscaling import evaluator
 from autoscaling.models import ScalerState, ScalingDecision
 from autoscaling.services.policies import policy_set
 from billing.models import GpuPrice, UsageRecord
@@ -118,10 +117,6 @@ def replicas(deployment: Deployment) -> dict[str, int]:
         .exclude(status="deleted")
         .values_list("region__code", "desired_replicas")
     )
-
-
-def passes(start: datetime, seconds: list[float]) -> list[evaluator.Report]:
-    return [evaluator.evaluate_all(now=start + timedelta(seconds=s)) for s in seconds]
 
 
 def decisions(deployment: Deployment) -> list[ScalingDecision]:
