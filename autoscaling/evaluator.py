@@ -12,7 +12,7 @@ delegates to an in-cluster scaler.
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -207,19 +207,11 @@ def _evaluate_deployment(
     decisions: dict[str, algorithm.Decision] = {}
     policies: dict[str, Policy] = {}
     spec = parse(policy.spec)  # once per deployment: each region only adds its overrides
+    starting = _starting_elsewhere(targets)
     for target in targets:
         code, state = target.region.code, states[target.pk]
         policies[code] = effective(policy.spec, policy.overrides, code, spec_parsed=spec)
-        decisions[code] = algorithm.decide(
-            policies[code],
-            target.desired_replicas,
-            data.values.get(target.pk, {}),
-            idle_seconds=_idle(target, state, data),
-            history=state.recommendations,
-            changes=state.changes,
-            now=epoch,
-            ready=len(target.endpoints),  # the replicas the signals come from: the driver lists ready ones
-        )
+        decisions[code] = _decide(policies[code], target, state, data, epoch, starting.get(code, 0))
     changed, limited = _apply(deployment, targets, decisions, policies, data, report)
     for target in targets:
         code = target.region.code
@@ -233,6 +225,49 @@ def _evaluate_deployment(
             data.values.get(target.pk, {}),
             policies[code],
         )
+
+
+def _decide(
+    policy: Policy, target: DeploymentTarget, state: ScalerState, data: Fleet, epoch: float, starting: int
+) -> algorithm.Decision:
+    """The region's own decision; a scale-up counts the replicas still starting in the other regions of
+    its group as its own not-ready ones (they share its traffic once ready), so a cold start there is
+    not read as demand for more."""
+    current = target.desired_replicas
+    kwargs: dict[str, Any] = {
+        "idle_seconds": _idle(target, state, data),
+        "history": state.recommendations,
+        "changes": state.changes,
+        "now": epoch,
+        # The replicas the signals come from: the ready ones (a Kubernetes target has one Service endpoint
+        # for all its pods, so not len(endpoints)).
+        "ready": target.ready_replicas,
+    }
+    values = data.values.get(target.pk, {})
+    decision = algorithm.decide(policy, current, values, **kwargs)
+    if decision.kind != DecisionKind.SCALE_UP or not starting:
+        return decision
+    # Sized with them, bounded as the region alone is: its max is for its own replicas.
+    grown = replace(policy, max_replicas=policy.max_replicas + starting)
+    shared = algorithm.decide(grown, current + starting, values, **kwargs)
+    wanted = min(decision.replicas, max(current, shared.replicas - starting))
+    note = f"; {starting} replica(s) starting in its overflow group count as its own"
+    return replace(
+        decision,
+        replicas=wanted,
+        kind=decision.kind if wanted > current else "",
+        reason=decision.reason + note,
+    )
+
+
+def _starting_elsewhere(targets: list[DeploymentTarget]) -> dict[str, int]:
+    """Per region: the replicas not ready yet in the other regions of its group."""
+    out = {}
+    for group in _groups(targets):
+        starting = {t.region.code: max(0, t.desired_replicas - t.ready_replicas) for t in group}
+        for code in starting:
+            out[code] = sum(starting.values()) - starting[code]
+    return out
 
 
 def _idle(target: DeploymentTarget, state: ScalerState, data: Fleet) -> float:

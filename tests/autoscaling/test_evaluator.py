@@ -311,3 +311,29 @@ def test_the_timeline_keeps_one_point_a_minute_for_an_hour(chat, monkeypatch, in
     assert [s[0] for s in samples] == [(NOW + timedelta(minutes=m)).timestamp() for m in range(5, 65)]
     assert samples[-1][1:] == [1, {"running": 4.0, "waiting": 0.0, "kv_cache": 0.0}]
     assert state(chat, "eu-west-1").evaluated_at == NOW + timedelta(minutes=64)
+
+
+def test_replicas_starting_in_the_spill_region_count_for_the_home_region_it_relieves(fleet, alice, version):
+    """The home region and its overflow region share one tier: while the spilled replicas start, the home's
+    load is what they will take, so passes during the cold start do not keep adding replicas there."""
+    chat = deploy(alice, version, ["eu-west-1"])
+    autoscale(alice, chat, running=4, max_replicas=6)
+    serve(chat, "eu-west-1", running=20)  # 20 in flight: 5 replicas
+    evaluator.evaluate_all(now=NOW)
+    assert replicas(chat) == {"eu-west-1": 2, "eu-north-1": 3}
+    for second in (15, 30, 45, 60, 90):  # one home replica serves all 20; the other four are starting
+        serve(chat, "eu-west-1", ready=1, running=20, at=NOW + timedelta(seconds=second))
+        evaluator.evaluate_all(now=NOW + timedelta(seconds=second))
+    assert replicas(chat) == {"eu-west-1": 2, "eu-north-1": 3}
+    serve(chat, "eu-west-1", ready=1, running=32, at=NOW + timedelta(seconds=105))  # 32: 8 replicas now
+    evaluator.evaluate_all(now=NOW + timedelta(seconds=105))
+    assert sum(replicas(chat).values()) == 8
+
+
+def test_a_target_behind_one_service_endpoint_is_sized_by_its_ready_replicas(chat):
+    """A Kubernetes target lists one Service URL for all its pods; its probe reads one pod's gauges."""
+    DeploymentTarget.objects.filter(deployment=chat).update(desired_replicas=3)
+    serve(chat, "eu-west-1", ready=1, running=8)
+    DeploymentTarget.objects.filter(deployment=chat).update(ready_replicas=3)
+    evaluator.evaluate_all(now=NOW)
+    assert replicas(chat) == {"eu-west-1": 6}  # ceil(3 × 8 / 4), not one replica's share of it
