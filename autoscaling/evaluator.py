@@ -30,6 +30,7 @@ from core.choices import AuditSource
 from core.errors import ApplicationError
 from core.models import Tenant
 from core.principal import Principal
+from core.residency import residency_of, residency_refusal, weights_of
 from regions.choices import DeploymentState, DriverKind, TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentTarget, GpuPool, Region
 from regions.selectors import LIVE_TARGETS
@@ -76,7 +77,7 @@ def evaluate_all(*, now: datetime) -> Report:
     policies = list(
         AutoscalingPolicy.objects.filter(
             enabled=True, deployment__state=DeploymentState.ACTIVE
-        ).select_related("deployment__owner", "deployment__version")
+        ).select_related("deployment__owner", "deployment__version__model__owner")
     )
     in_rollout = set(
         DeploymentTarget.objects.filter(role=TargetRole.CANDIDATE)
@@ -323,7 +324,7 @@ def _apply(
             continue
         # A home region at zero is woken by requests, not here; an overflow region at zero may grow again.
         members = [
-            _member(t, decisions, policies, data, deployment)
+            _member(t, decisions, policies, data, deployment, refused=_refused(deployment, t.region))
             for t in group
             if t.desired_replicas or t.overflow_of
         ]
@@ -372,7 +373,11 @@ def _member(
     policies: dict[str, Policy],
     data: Fleet,
     deployment: Deployment,
+    *,
+    refused: bool,
 ) -> fleet.Member:
+    """One region of a group; a region residency now refuses (narrowed since it was placed: routing sends
+    it nothing) has no room: it may shrink, never grow."""
     code, policy = target.region.code, policies[target.region.code]
     free = data.free_gpus.get((target.region_id, deployment.gpu_type), 0)
     return fleet.Member(
@@ -381,9 +386,14 @@ def _member(
         wanted=decisions[code].replicas,
         floor=0 if target.overflow_of else max(policy.min_replicas, 1),
         ceiling=policy.max_replicas,
-        room=fleet.fits(free, deployment.gpu_count),
+        room=0 if refused else fleet.fits(free, deployment.gpu_count),
         price=_price(data, target.region, deployment.gpu_type),
     )
+
+
+def _refused(deployment: Deployment, region: Region) -> bool:
+    weights, serving = weights_of(deployment.version), residency_of(deployment.owner)
+    return residency_refusal(weights, region.jurisdiction, serving=serving) is not None
 
 
 def _price(data: Fleet, region: Region, gpu_type: str) -> Decimal:

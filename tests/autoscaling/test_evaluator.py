@@ -12,9 +12,10 @@ from django.test.utils import CaptureQueriesContext
 
 from autoscaling import evaluator, memory
 from autoscaling.models import ScalingDecision
+from core.errors import Conflict
 from core.models import AuditEvent
 from regions.models import DeploymentTarget, GpuPool, Region
-from regions.services.deployments import deployment_scale
+from regions.services.deployments import deployment_scale, targets_scale
 from rollouts import controller
 from rollouts.services import rollouts
 from tests.support.autoscaling import (
@@ -337,3 +338,20 @@ def test_a_target_behind_one_service_endpoint_is_sized_by_its_ready_replicas(cha
     DeploymentTarget.objects.filter(deployment=chat).update(ready_replicas=3)
     evaluator.evaluate_all(now=NOW)
     assert replicas(chat) == {"eu-west-1": 6}  # ceil(3 × 8 / 4), not one replica's share of it
+
+
+def test_a_region_residency_now_refuses_never_grows_and_its_load_spills_to_a_compliant_one(
+    fleet, world, alice, version
+):
+    wider = next_version(alice, version, "1.1.0", status="production", allowed_jurisdictions=["EU", "CH"])
+    chat = deploy(alice, wider, ["ch-1"])
+    autoscale(alice, chat, running=4, max_replicas=6)
+    world.tenant_a.residency = ["EU"]  # narrowed since chat was placed in ch-1
+    world.tenant_a.save()
+    serve(chat, "ch-1", running=12)
+    evaluator.evaluate_all(now=NOW)
+    assert replicas(chat) == {"ch-1": 1, "eu-west-1": 2}  # the 2 more in the cheapest EU region
+    assert target(chat, "eu-west-1").overflow_of == "ch-1"
+    with pytest.raises(Conflict) as refused:  # and the service refuses it whoever asks
+        targets_scale(actor=alice, deployment=chat, replicas={"ch-1": 2}, reason="by hand", kind="manual")
+    assert refused.value.code == "residency" and "outside acme's residency policy" in str(refused.value)

@@ -123,12 +123,23 @@ def show_load(deployment: Deployment, rng: random.Random, at) -> None:  # type: 
             )
 
 
-def check_invariants(tenant: Tenant, version: ModelVersion, regions: list[Region], admitted: int) -> None:
+def replicas_now(tenant: Tenant) -> dict[int, int]:
+    live = DeploymentTarget.objects.filter(deployment__owner=tenant).exclude(status="deleted")
+    return dict(live.values_list("pk", "desired_replicas"))
+
+
+def check_invariants(
+    tenant: Tenant, version: ModelVersion, regions: list[Region], admitted: int, before: dict[int, int]
+) -> None:
+    """After a pass: no region residency refuses has a target it did not have, or more replicas than it
+    had; no pool is over-committed; the tenant's quota holds."""
     weights, serving = weights_of(version), residency_of(tenant)
     live = DeploymentTarget.objects.filter(deployment__owner=tenant).exclude(status="deleted")
     for found in live.select_related("region"):
         refusal = residency_refusal(weights, found.region.jurisdiction, serving=serving)
-        assert refusal is None, f"{found} in {found.region.jurisdiction}: {refusal}"
+        if refusal is not None:
+            assert found.pk in before, f"{found} placed in {found.region.jurisdiction}: {refusal}"
+            assert found.desired_replicas <= before[found.pk], f"{found} grew: {refusal}"
     for region in regions:
         used = live.filter(region=region, desired_replicas__gt=0).aggregate(
             gpus=Sum(F("desired_replicas") * F("deployment__gpu_count"))
@@ -152,9 +163,10 @@ def check_invariants(tenant: Tenant, version: ModelVersion, regions: list[Region
     min_zero=st.booleans(),
     steps=st.lists(st.sampled_from([15, 15, 61, 301, 901]), min_size=2, max_size=6),
     seed=st.integers(min_value=0, max_value=2**32),
+    narrowed=st.none() | jurisdiction_sets,  # the tenant's residency changed midway (narrowed, or not)
 )
 def test_no_pass_ever_places_a_replica_outside_residency(
-    db, tmp_path, specs, residency, allowed, quota, deployments, max_replicas, min_zero, steps, seed
+    db, tmp_path, specs, residency, allowed, quota, deployments, max_replicas, min_zero, steps, seed, narrowed
 ):
     # Some region must be able to take the deployments first: the first one is inside both policies.
     allowed = sorted({*allowed, residency[0]})
@@ -183,10 +195,15 @@ def test_no_pass_ever_places_a_replica_outside_residency(
                 body={"running": 4, "waiting": 2, "max_replicas": cap, "min_replicas": 0 if min_zero else 1},
             )
         now = NOW
-        for step in steps:
+        for index, step in enumerate(steps):
+            if narrowed is not None and index == len(steps) // 2:
+                Tenant.objects.filter(pk=tenant.pk).update(residency=narrowed)
+                tenant.refresh_from_db()
+                version = ModelVersion.objects.select_related("model__owner").get(pk=version.pk)
             now += timedelta(seconds=step)
             for deployment in fleet:
                 show_load(deployment, rng, now)
+            before = replicas_now(tenant)
             evaluator.evaluate_all(now=now)
-            check_invariants(tenant, version, regions, len(fleet))
+            check_invariants(tenant, version, regions, len(fleet), before)
         transaction.set_rollback(True)
