@@ -10,10 +10,12 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from autoscaling import evaluator, memory
-from autoscaling.models import ScalingDecision
+from autoscaling import evaluator, memory, selectors
+from autoscaling.models import AutoscalingPolicy, ScalingDecision
+from autoscaling.policy import Policy
+from autoscaling.services.policies import policy_delete
 from core.errors import Conflict
-from core.models import AuditEvent
+from core.models import AuditEvent, Tenant
 from regions.models import DeploymentTarget, GpuPool, Region
 from regions.services.deployments import deployment_scale, targets_scale
 from rollouts import controller
@@ -355,3 +357,22 @@ def test_a_region_residency_now_refuses_never_grows_and_its_load_spills_to_a_com
     with pytest.raises(Conflict) as refused:  # and the service refuses it whoever asks
         targets_scale(actor=alice, deployment=chat, replicas={"ch-1": 2}, reason="by hand", kind="manual")
     assert refused.value.code == "residency" and "outside acme's residency policy" in str(refused.value)
+
+
+def test_a_capacity_limit_is_forgotten_once_the_policy_is_disabled_or_deleted(fleet, world, alice, version):
+    chat = deploy(alice, version, ["eu-west-1"])
+    Tenant.objects.filter(pk=world.tenant_a.pk).update(max_gpus=1)  # its one replica fills the quota
+    for stop in ("disable", "delete"):
+        autoscale(alice, chat, running=4, max_replicas=1)
+        # Saved when the quota was higher (it was lowered since): the policy wants more than it allows.
+        AutoscalingPolicy.objects.filter(deployment=chat).update(
+            spec=Policy(running=4, max_replicas=4).as_dict()
+        )
+        serve(chat, "eu-west-1", running=40)
+        evaluator.evaluate_all(now=NOW)
+        assert "the tenant's GPU quota" in state(chat, "eu-west-1").limited
+        if stop == "disable":
+            autoscale(alice, chat, running=4, max_replicas=1, enabled=False)
+        else:
+            policy_delete(actor=alice, deployment=chat)
+        assert state(chat, "eu-west-1").limited == "" and selectors.capacity_limited(chat) == ""
