@@ -156,3 +156,9 @@ def test_a_put_with_an_idempotency_key_replays_and_refuses_another_body(world, a
     other = client.put(URL, {"running": 8}, format="json", HTTP_IDEMPOTENCY_KEY="ci-7")
     assert_envelope(other, 422, "idempotency_key_reused")
     assert json.loads(client.get(URL).content)["policy"]["spec"]["running"] == 4.0
+
+
+@pytest.mark.parametrize("query", ["deployment=abc", "kind=bogus", "deployment=99999999999999999999999"])
+def test_bad_decision_filters_are_400(world, api, chat, query):
+    reply = api(world.alice).get(f"/api/v1/scaling-decisions/?{query}")
+    assert reply.status_code == 400, reply.content
