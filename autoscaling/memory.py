@@ -21,6 +21,7 @@ from regions.models import DeploymentTarget
 
 SAMPLE_SECONDS = 60  # the console's timeline: one point a minute
 SAMPLES_KEPT = 60  # an hour
+STAGGER_SECONDS = 15  # the beat's default interval: consecutive targets' minutes start a pass apart
 FIELDS = ["recommendations", "changes", "samples", "signals", "limited", "evaluated_at"]
 BATCH = 1000
 
@@ -56,6 +57,13 @@ def states_of(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:
     return states
 
 
+def _minute(state: ScalerState, epoch: float) -> int:
+    """The timeline minute ``epoch`` falls in for this state: each state's minutes start at its own second
+    (from its target's id), so a fleet's points are spread over the passes of a minute instead of all
+    being due in the same one."""
+    return int((epoch + state.target_id * STAGGER_SECONDS) // SAMPLE_SECONDS)
+
+
 class Memory:
     """The states a pass changed, and the timeline point due for each (written by ``write``)."""
 
@@ -89,7 +97,7 @@ class Memory:
             state.limited, dirty = limited, True
         # evaluated_at is the last point's time: it moves only when a point is taken.
         last = state.evaluated_at.timestamp() if state.evaluated_at else None
-        if last is None or epoch - last >= SAMPLE_SECONDS or change is not None:
+        if last is None or _minute(state, epoch) != _minute(state, last) or change is not None:
             replicas = change[1] if change is not None else target.desired_replicas
             self.samples[state.pk] = [epoch, replicas, values]
             state.signals, state.evaluated_at, dirty = values, now, True

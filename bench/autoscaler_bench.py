@@ -137,6 +137,7 @@ def prometheus(exporter: Exporter, folder: Path) -> Iterator[str]:
 def build_fleet(count: int, prometheus_url: str, folder: Path) -> tuple[list[Any], Any]:
     """Regions, prices, one tenant's ``count`` deployments in every region, their policies and targets."""
     from django.core.management import call_command
+    from django.db import connection
     from django.utils import timezone
 
     from autoscaling.models import AutoscalingPolicy
@@ -221,6 +222,8 @@ def build_fleet(count: int, prometheus_url: str, folder: Path) -> tuple[list[Any
         ],
         batch_size=2000,
     )
+    with connection.cursor() as cursor:
+        cursor.execute("analyze")  # as autovacuum would after such inserts: the planner's estimates
     return regions, deployments
 
 

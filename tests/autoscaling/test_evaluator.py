@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from autoscaling import evaluator, memory, selectors
-from autoscaling.models import AutoscalingPolicy, ScalingDecision
+from autoscaling.models import AutoscalingPolicy, ScalerState, ScalingDecision
 from autoscaling.policy import Policy
 from autoscaling.services.policies import policy_delete
 from core.errors import Conflict
@@ -311,9 +311,25 @@ def test_the_timeline_keeps_one_point_a_minute_for_an_hour(chat, monkeypatch, in
         evaluator.evaluate_all(now=at + timedelta(seconds=15))  # inside the minute: no point
     samples = state(chat, "eu-west-1").samples
     assert len(samples) == 60
-    assert [s[0] for s in samples] == [(NOW + timedelta(minutes=m)).timestamp() for m in range(5, 65)]
+    assert {b[0] - a[0] for a, b in itertools.pairwise(samples)} == {60.0}  # one a minute
+    assert samples[-1][0] >= (NOW + timedelta(minutes=64)).timestamp()  # the last hour's
     assert samples[-1][1:] == [1, {"running": 4.0, "waiting": 0.0, "kv_cache": 0.0}]
-    assert state(chat, "eu-west-1").evaluated_at == NOW + timedelta(minutes=64)
+    assert state(chat, "eu-west-1").evaluated_at.timestamp() == samples[-1][0]
+
+
+def test_the_fleets_timeline_points_are_spread_over_the_passes_of_a_minute(fleet, alice, version):
+    deployments = [deploy(alice, version, ["eu-central-1"], name=f"chat{n}") for n in range(8)]
+    for deployment in deployments:
+        autoscale(alice, deployment, running=4)
+    written = []
+    for second in range(0, 240, 15):
+        at = NOW + timedelta(seconds=second)
+        for deployment in deployments:
+            serve(deployment, "eu-central-1", running=4, at=at)
+        evaluator.evaluate_all(now=at)
+        written.append(ScalerState.objects.filter(evaluated_at=at).count())
+    assert written[0] == 8  # the first pass: every state's first point
+    assert written[4:] == [2] * 12  # then a quarter of them each pass, each one once a minute
 
 
 def test_replicas_starting_in_the_spill_region_count_for_the_home_region_it_relieves(fleet, alice, version):
