@@ -252,7 +252,9 @@ def _decide(
     grown = replace(policy, max_replicas=policy.max_replicas + starting)
     shared = algorithm.decide(grown, current + starting, values, **kwargs)
     wanted = min(decision.replicas, max(current, shared.replicas - starting))
-    note = f"; {starting} replica(s) starting in its overflow group count as its own"
+    if wanted == decision.replicas:
+        return decision
+    note = f"; {wanted} with the {starting} replica(s) starting in its overflow group"
     return replace(
         decision,
         replicas=wanted,
@@ -303,6 +305,7 @@ def _apply(
     """Place each group's change and write it; returns the changes made and the limits met, per region."""
     changed: dict[str, tuple[int, int]] = {}
     limited: dict[str, str] = {}
+    weights, serving = weights_of(deployment.version), residency_of(deployment.owner)
     for group in _groups(targets):
         home = group[0].overflow_of or group[0].region.code
         idle = [t for t in group if decisions[t.region.code].kind == DecisionKind.SCALE_TO_ZERO]
@@ -324,7 +327,14 @@ def _apply(
             continue
         # A home region at zero is woken by requests, not here; an overflow region at zero may grow again.
         members = [
-            _member(t, decisions, policies, data, deployment, refused=_refused(deployment, t.region))
+            _member(
+                t,
+                decisions,
+                policies,
+                data,
+                deployment,
+                refused=residency_refusal(weights, t.region.jurisdiction, serving=serving) is not None,
+            )
             for t in group
             if t.desired_replicas or t.overflow_of
         ]
@@ -389,11 +399,6 @@ def _member(
         room=0 if refused else fleet.fits(free, deployment.gpu_count),
         price=_price(data, target.region, deployment.gpu_type),
     )
-
-
-def _refused(deployment: Deployment, region: Region) -> bool:
-    weights, serving = weights_of(deployment.version), residency_of(deployment.owner)
-    return residency_refusal(weights, region.jurisdiction, serving=serving) is not None
 
 
 def _price(data: Fleet, region: Region, gpu_type: str) -> Decimal:
