@@ -3,7 +3,8 @@
 Kubernetes' HPA v2 algorithm, on vLLM's signals:
 
 1. per metric, ``desired = ceil(current × value / target)``, unless ``value / target`` is within the
-   tolerance of 1 (then ``current``); several metrics: the largest recommendation wins;
+   tolerance of 1 (then ``current``); replicas not ready yet count as idle on the way up and are left
+   out on the way down (HPA's not-yet-ready pods); several metrics: the largest recommendation wins;
 2. stabilization: scaling up goes no higher than the lowest recommendation of the up window, down no
    lower than the highest of the down window (defaults 0 s and 300 s: up at once, down after 5 minutes
    of lower demand);
@@ -36,17 +37,38 @@ class Decision:
     signals: dict[str, dict[str, float]] = field(default_factory=dict)  # metric: value, target, replicas
 
 
-def per_metric(policy: Policy, current: int, values: dict[str, float]) -> dict[str, dict[str, float]]:
-    """Each targeted metric with a value: the value, its target and the replicas it asks for."""
+def per_metric(
+    policy: Policy, current: int, values: dict[str, float], ready: int | None = None
+) -> dict[str, dict[str, float]]:
+    """Each targeted metric with a value: the value, its target and the replicas it asks for.
+
+    ``values`` are per replica over the ``ready`` replicas that report (all of ``current`` when None).
+    As HPA does with pods not ready yet: on the way up they count as idle (the ready ones' load is shared
+    once they serve, so a cold start does not look like demand for ever more replicas), on the way down
+    only the ready ones are sized."""
+    ready = current if ready is None else max(0, min(ready, current))
     out = {}
     for name, target in policy.targets().items():
         if name not in values:
             continue  # no signal this pass (a new engine, Prometheus down): it asks for nothing
         value = values[name]
-        ratio = value / target
-        wanted = current if abs(ratio - 1) <= policy.tolerance else math.ceil(current * ratio - 1e-9)
-        out[name] = {"value": round(value, 4), "target": target, "replicas": wanted}
+        out[name] = {
+            "value": round(value, 4),
+            "target": target,
+            "replicas": _wanted(policy, current, ready, value / target),
+        }
     return out
+
+
+def _wanted(policy: Policy, current: int, ready: int, ratio: float) -> int:
+    if ratio > 1 and ready < current:
+        ratio = ratio * ready / current  # the replicas still starting at 0 % of the target
+        if ratio < 1 or abs(ratio - 1) <= policy.tolerance:
+            return current
+        return math.ceil(current * ratio - 1e-9)
+    if abs(ratio - 1) <= policy.tolerance:
+        return current
+    return math.ceil(ready * ratio - 1e-9)
 
 
 def stabilize(
@@ -96,9 +118,10 @@ def decide(
     history: Recommendations,
     changes: Changes,
     now: float,
+    ready: int | None = None,
 ) -> Decision:
     """The replicas this region should run now. ``idle_seconds``: how long since its last request (or
-    since it was last scaled, whichever is later)."""
+    since it was last scaled, whichever is later); ``ready``: the replicas the values come from."""
     if current == 0:
         return Decision(0, "", "at zero: a request held at the gateway wakes it", history)
     if policy.min_replicas == 0 and idle_seconds >= policy.idle_seconds:
@@ -108,7 +131,7 @@ def decide(
             f"no request for {int(idle_seconds)} s (idle window {policy.idle_seconds} s)",
             [],
         )
-    signals = per_metric(policy, current, values)
+    signals = per_metric(policy, current, values, ready)
     if not signals:
         return Decision(current, "", "no signal this pass: keeping the replicas", history)
     raw = max(int(s["replicas"]) for s in signals.values())

@@ -12,7 +12,7 @@ delegates to an in-cluster scaler.
 
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -22,14 +22,16 @@ from django.db.models import F, Max, Sum
 from autoscaling import algorithm, fleet, signals
 from autoscaling.choices import DecisionKind
 from autoscaling.kubernetes import delegated
+from autoscaling.memory import Memory, states_of
 from autoscaling.models import AutoscalingPolicy, ScalerState
-from autoscaling.policy import Policy, effective
+from autoscaling.policy import Policy, effective, parse
 from billing.models import UsageRecord
 from billing.reports import prices_now
 from core.choices import AuditSource
 from core.errors import ApplicationError
 from core.models import Tenant
 from core.principal import Principal
+from core.residency import residency_of, residency_refusal, weights_of
 from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentTarget, GpuPool, Region
 from regions.selectors import LIVE_TARGETS
@@ -38,8 +40,6 @@ from regions.services.deployments import targets_scale
 
 log = logging.getLogger(__name__)
 AUTOSCALER = Principal.system("autoscaler", source=AuditSource.TASK)
-SAMPLE_SECONDS = 60  # the console's timeline: one point a minute
-SAMPLES_KEPT = 60  # an hour
 
 
 @dataclass
@@ -48,6 +48,7 @@ class Report:
     targets: int = 0
     scaled: list[str] = field(default_factory=list)  # "tenant/name: reason"
     limited: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # deployments whose evaluation raised (logged)
     sources: dict[str, str] = field(default_factory=dict)  # region code: where its signals came from
 
 
@@ -61,13 +62,24 @@ class Fleet:
     free_gpus: dict[tuple[int, str], int]  # (region id, GPU type): free
     tenant_room: dict[int, int | None]  # tenant id: GPUs its quota still allows (None: no quota)
     price: Any  # billing.reports.prices_now
+    region_ids: dict[str, int]  # region code: id
+
+    def took(self, deployment: Deployment, changed: dict[str, tuple[int, int]]) -> None:
+        """Count a scale made in this pass, so the deployments after it see the GPUs it took or freed."""
+        for code, (before, after) in changed.items():
+            gpus = (after - before) * deployment.gpu_count
+            pool = (self.region_ids[code], deployment.gpu_type)
+            self.free_gpus[pool] = self.free_gpus.get(pool, 0) - gpus
+            room = self.tenant_room.get(deployment.owner_id)
+            if room is not None:
+                self.tenant_room[deployment.owner_id] = room - gpus
 
 
 def evaluate_all(*, now: datetime) -> Report:
     policies = list(
         AutoscalingPolicy.objects.filter(
             enabled=True, deployment__state=DeploymentState.ACTIVE
-        ).select_related("deployment__owner", "deployment__version")
+        ).select_related("deployment__owner", "deployment__version__model__owner")
     )
     in_rollout = set(
         DeploymentTarget.objects.filter(role=TargetRole.CANDIDATE)
@@ -76,73 +88,78 @@ def evaluate_all(*, now: datetime) -> Report:
     )
     policies = [p for p in policies if p.deployment_id not in in_rollout]
     targets = _targets(policies)
-    states = _states(targets)
+    states = states_of(targets)
     report = Report(deployments=len(policies), targets=len(targets))
     data = Fleet(
         now=now,
-        values=_values(targets, policies, report),
+        values=_values(targets, policies, report, now),
         last_request=_last_requests(policies, now),
         free_gpus=_free_gpus(),
         tenant_room=_tenant_room({p.deployment.owner_id for p in policies}),
         price=prices_now(now),
+        region_ids=dict(Region.objects.values_list("code", "pk")),
     )
     by_deployment: dict[int, list[DeploymentTarget]] = defaultdict(list)
     for target in targets:
         by_deployment[target.deployment_id].append(target)
-    dirty: list[ScalerState] = []
+    memory = Memory()
     for policy in policies:
         mine = by_deployment.get(policy.deployment_id, [])
-        if mine:
-            dirty += _evaluate_deployment(policy, mine, states, data, report)
-    ScalerState.objects.bulk_update(
-        dirty, ["recommendations", "changes", "samples", "signals", "limited", "evaluated_at"], batch_size=500
-    )
+        if not mine:
+            continue
+        try:
+            _evaluate_deployment(policy, mine, states, data, report, memory)
+        except Exception:  # one deployment's trouble never stops the fleet's pass
+            log.exception("autoscaler: evaluating %s failed", policy.deployment)
+            report.failed.append(str(policy.deployment))
+    memory.write()
     return report
 
 
 def _targets(policies: list[AutoscalingPolicy]) -> list[DeploymentTarget]:
     modes = {p.deployment_id: p.mode for p in policies}
-    found = (
+    regions = Region.objects.in_bulk()  # a handful of rows, not one Region built per target
+    found = list(
         DeploymentTarget.objects.filter(
             deployment_id__in=[p.deployment_id for p in policies], role=TargetRole.STABLE
         )
         .exclude(status=TargetStatus.DELETED)
-        .select_related("region")
+        .defer("cold_starts", "last_error")
     )
+    for target in found:
+        target.region = regions[target.region_id]
     # A Kubernetes region of a delegating policy is scaled by its cluster; other regions stay ours.
     return [t for t in found if not delegated(modes[t.deployment_id], t.region)]
 
 
-def _states(targets: list[DeploymentTarget]) -> dict[int, ScalerState]:
-    states = {s.target_id: s for s in ScalerState.objects.filter(target__in=targets)}
-    missing = [ScalerState(target=t) for t in targets if t.pk not in states]
-    for state in ScalerState.objects.bulk_create(missing):
-        states[state.target_id] = state
-    return states
-
-
 def _values(
-    targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report
+    targets: list[DeploymentTarget], policies: list[AutoscalingPolicy], report: Report, now: datetime
 ) -> dict[int, signals.Values]:
+    """Every serving target's signals: one set of queries per Prometheus (regions that share one are asked
+    together), and one read of the probes for all the regions without one."""
     windows = {p.deployment_id: int(p.spec.get("window_seconds", Policy.window_seconds)) for p in policies}
-    by_region: dict[int, list[DeploymentTarget]] = defaultdict(list)
-    regions: dict[int, Region] = {}
+    by_source: dict[str, list[DeploymentTarget]] = defaultdict(list)  # a Prometheus URL, or "": probes
     for target in targets:
         if target.desired_replicas and target.endpoints:
-            by_region[target.region_id].append(target)
-            regions[target.region_id] = target.region
+            by_source[target.region.prometheus_url].append(target)
     values: dict[int, signals.Values] = {}
-    for region_id, found in by_region.items():
-        window = max(windows[t.deployment_id] for t in found)  # one query per signal for the region
-        got, source = signals.region_values(regions[region_id], found, window)
+    for found in by_source.values():
+        window = max(windows[t.deployment_id] for t in found)  # one query per signal, whatever the count
+        got, source = signals.region_values(found[0].region, found, window, now)
         values.update(got)
-        report.sources[regions[region_id].code] = source
+        report.sources |= {t.region.code: source for t in found}
     return values
 
 
 def _last_requests(policies: list[AutoscalingPolicy], now: datetime) -> dict[tuple[int, str], datetime]:
-    """When each (deployment, region) last took a request, within the longest idle window of any policy."""
-    longest = max((int(p.spec.get("idle_seconds", Policy.idle_seconds)) for p in policies), default=0)
+    """When each (deployment, region) last took a request, within the longest idle window of any policy
+    (a region's own, in its overrides, included)."""
+    windows = [
+        int(fields.get("idle_seconds", Policy.idle_seconds))
+        for p in policies
+        for fields in (p.spec, *p.overrides.values())
+    ]
+    longest = max(windows, default=0)
     idle = [p.deployment_id for p in policies if int(p.spec.get("min_replicas", 1)) == 0 or p.overrides]
     if not idle:
         return {}
@@ -189,32 +206,76 @@ def _evaluate_deployment(
     states: dict[int, ScalerState],
     data: Fleet,
     report: Report,
-) -> list[ScalerState]:
+    memory: Memory,
+) -> None:
     deployment = policy.deployment
     epoch = data.now.timestamp()
     decisions: dict[str, algorithm.Decision] = {}
     policies: dict[str, Policy] = {}
+    spec = parse(policy.spec)  # once per deployment: each region only adds its overrides
+    starting = _starting_elsewhere(targets)
     for target in targets:
         code, state = target.region.code, states[target.pk]
-        policies[code] = effective(policy.spec, policy.overrides, code)
-        decisions[code] = algorithm.decide(
-            policies[code],
-            target.desired_replicas,
-            data.values.get(target.pk, {}),
-            idle_seconds=_idle(target, state, data),
-            history=state.recommendations,
-            changes=state.changes,
-            now=epoch,
-        )
+        policies[code] = effective(policy.spec, policy.overrides, code, spec_parsed=spec)
+        decisions[code] = _decide(policies[code], target, state, data, epoch, starting.get(code, 0))
     changed, limited = _apply(deployment, targets, decisions, policies, data, report)
-    dirty = []
     for target in targets:
-        code, state = target.region.code, states[target.pk]
-        if _remember(
-            state, target, decisions[code], changed.get(code), limited.get(code, ""), data, policies[code]
-        ):
-            dirty.append(state)
-    return dirty
+        code = target.region.code
+        memory.remember(
+            states[target.pk],
+            target,
+            decisions[code],
+            changed.get(code),
+            limited.get(code, ""),
+            data.now,
+            data.values.get(target.pk, {}),
+            policies[code],
+        )
+
+
+def _decide(
+    policy: Policy, target: DeploymentTarget, state: ScalerState, data: Fleet, epoch: float, starting: int
+) -> algorithm.Decision:
+    """The region's own decision; a scale-up counts the replicas still starting in the other regions of
+    its group as its own not-ready ones (they share its traffic once ready), so a cold start there is
+    not read as demand for more."""
+    current = target.desired_replicas
+    kwargs: dict[str, Any] = {
+        "idle_seconds": _idle(target, state, data),
+        "history": state.recommendations,
+        "changes": state.changes,
+        "now": epoch,
+        # The replicas the signals come from: the ready ones (a Kubernetes target has one Service endpoint
+        # for all its pods, so not len(endpoints)).
+        "ready": target.ready_replicas,
+    }
+    values = data.values.get(target.pk, {})
+    decision = algorithm.decide(policy, current, values, **kwargs)
+    if decision.kind != DecisionKind.SCALE_UP or not starting:
+        return decision
+    # Sized with them, bounded as the region alone is: its max is for its own replicas.
+    grown = replace(policy, max_replicas=policy.max_replicas + starting)
+    shared = algorithm.decide(grown, current + starting, values, **kwargs)
+    wanted = min(decision.replicas, max(current, shared.replicas - starting))
+    if wanted == decision.replicas:
+        return decision
+    note = f"; {wanted} with the {starting} replica(s) starting in its overflow group"
+    return replace(
+        decision,
+        replicas=wanted,
+        kind=decision.kind if wanted > current else "",
+        reason=decision.reason + note,
+    )
+
+
+def _starting_elsewhere(targets: list[DeploymentTarget]) -> dict[str, int]:
+    """Per region: the replicas not ready yet in the other regions of its group."""
+    out = {}
+    for group in _groups(targets):
+        starting = {t.region.code: max(0, t.desired_replicas - t.ready_replicas) for t in group}
+        for code in starting:
+            out[code] = sum(starting.values()) - starting[code]
+    return out
 
 
 def _idle(target: DeploymentTarget, state: ScalerState, data: Fleet) -> float:
@@ -249,14 +310,16 @@ def _apply(
     """Place each group's change and write it; returns the changes made and the limits met, per region."""
     changed: dict[str, tuple[int, int]] = {}
     limited: dict[str, str] = {}
+    weights, serving = weights_of(deployment.version), residency_of(deployment.owner)
     for group in _groups(targets):
         home = group[0].overflow_of or group[0].region.code
         idle = [t for t in group if decisions[t.region.code].kind == DecisionKind.SCALE_TO_ZERO]
         if idle and all(t in idle or not t.desired_replicas for t in group):  # the whole group is idle
             reason = decisions[idle[0].region.code].reason
-            changed |= _scale(
+            # Only the idle regions: one already at zero (paused by hand) must not start waking on requests.
+            done = _scale(
                 deployment,
-                {t.region.code: 0 for t in group},
+                {t.region.code: 0 for t in idle},
                 group,
                 DecisionKind.SCALE_TO_ZERO,
                 reason,
@@ -264,10 +327,19 @@ def _apply(
                 report,
                 wakes=True,
             )
+            data.took(deployment, done)
+            changed |= done
             continue
         # A home region at zero is woken by requests, not here; an overflow region at zero may grow again.
         members = [
-            _member(t, decisions, policies, data, deployment)
+            _member(
+                t,
+                decisions,
+                policies,
+                data,
+                deployment,
+                refused=residency_refusal(weights, t.region.jurisdiction, serving=serving) is not None,
+            )
             for t in group
             if t.desired_replicas or t.overflow_of
         ]
@@ -287,7 +359,7 @@ def _apply(
             )
             if plan.spilled_to:
                 reason += f"; {home} is full: spilled to {plan.spilled_to}"
-            changed |= _scale(
+            done = _scale(
                 deployment,
                 plan.replicas,
                 group,
@@ -297,6 +369,8 @@ def _apply(
                 report,
                 overflow_of=home if plan.spilled_to else "",
             )
+            data.took(deployment, done)
+            changed |= done
     return changed, limited
 
 
@@ -314,7 +388,11 @@ def _member(
     policies: dict[str, Policy],
     data: Fleet,
     deployment: Deployment,
+    *,
+    refused: bool,
 ) -> fleet.Member:
+    """One region of a group; a region residency now refuses (narrowed since it was placed: routing sends
+    it nothing) has no room: it may shrink, never grow."""
     code, policy = target.region.code, policies[target.region.code]
     free = data.free_gpus.get((target.region_id, deployment.gpu_type), 0)
     return fleet.Member(
@@ -323,7 +401,7 @@ def _member(
         wanted=decisions[code].replicas,
         floor=0 if target.overflow_of else max(policy.min_replicas, 1),
         ceiling=policy.max_replicas,
-        room=fleet.fits(free, deployment.gpu_count),
+        room=0 if refused else fleet.fits(free, deployment.gpu_count),
         price=_price(data, target.region, deployment.gpu_type),
     )
 
@@ -394,33 +472,3 @@ def _scale(
         return {}
     report.scaled.append(f"{deployment}: {reason}")
     return {code: (before.get(code, 0), count) for code, count in replicas.items()}
-
-
-def _remember(
-    state: ScalerState,
-    target: DeploymentTarget,
-    decision: algorithm.Decision,
-    change: tuple[int, int] | None,
-    limited: str,
-    data: Fleet,
-    policy: Policy,
-) -> bool:
-    """Update the state; True when it must be written."""
-    epoch = data.now.timestamp()
-    dirty = False
-    if decision.recommendations != state.recommendations:
-        state.recommendations, dirty = decision.recommendations, True
-    keep = max(policy.scale_up_period_seconds, policy.scale_down_period_seconds)
-    changes = [c for c in state.changes if c[0] > epoch - keep]
-    if change is not None:
-        changes.append([epoch, *change])
-    if changes != state.changes:
-        state.changes, dirty = changes, True
-    if limited != state.limited:
-        state.limited, dirty = limited, True
-    values = data.values.get(target.pk, {})
-    if not state.samples or epoch - state.samples[-1][0] >= SAMPLE_SECONDS or change is not None:
-        replicas = change[1] if change is not None else target.desired_replicas
-        state.samples = [*state.samples, [epoch, replicas, values]][-SAMPLES_KEPT:]
-        state.signals, state.evaluated_at, dirty = values, data.now, True
-    return dirty

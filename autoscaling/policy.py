@@ -19,6 +19,7 @@ METRICS = {
     "ttft_p95_seconds": "vllm:time_to_first_token_seconds",  # p95 over the window, seconds (an SLO)
 }
 MAX_REPLICAS = 64
+MIN_TARGET = 0.001
 DAY = 86_400
 
 
@@ -57,22 +58,30 @@ _FLOATS = {"waiting", "running", "kv_cache", "ttft_p95_seconds", "tolerance"}
 def _number(name: str, raw: Any, where: str = "") -> float | int | None:
     if raw is None and name in METRICS:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw):
-        raise ValidationFailed(f"{where}{name} must be a number.", detail={"field": where + name})
+    field = f"{where}{name}"
+    # JSON integers have no size limit: one too large for a float is not a number a policy can hold (and
+    # math.isfinite would raise OverflowError on it).
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, int | float)
+        or (isinstance(raw, float) and not math.isfinite(raw))
+        or (isinstance(raw, int) and abs(raw) > 2**53)
+    ):
+        raise ValidationFailed(f"{field} must be a number.", detail={"field": field})
     if name not in _FLOATS:
         if raw != int(raw):
-            raise ValidationFailed(f"{where}{name} must be a whole number.", detail={"field": where + name})
+            raise ValidationFailed(f"{field} must be a whole number.", detail={"field": field})
         return int(raw)
     return float(raw)
 
 
 def _check_ranges(policy: Policy, where: str) -> None:
     def bad(name: str, message: str) -> ValidationFailed:
-        return ValidationFailed(f"{where}{name} {message}", detail={"field": where + name})
+        return ValidationFailed(f"{where}{name} {message}", detail={"field": f"{where}{name}"})
 
     for name, value in policy.targets().items():
-        if value <= 0:
-            raise bad(name, "must be positive.")
+        if value < MIN_TARGET:  # also a bound: a target of 1e-320 makes value / target infinite
+            raise bad(name, f"must be at least {MIN_TARGET}.")
     if policy.kv_cache is not None and policy.kv_cache > 1:
         raise bad("kv_cache", "is a fraction of the KV cache: at most 1.")
     if not policy.targets():
@@ -101,14 +110,13 @@ def parse(raw: Any, *, base: Policy | None = None, where: str = "") -> Policy:
     """A policy from a JSON object (fields not given keep ``base``'s, else the defaults); 400 naming the
     first bad field otherwise. ``where`` prefixes messages (e.g. "overrides.eu-west-1.")."""
     if not isinstance(raw, dict):
-        raise ValidationFailed(
-            f"{where or 'policy '}must be an object.", detail={"field": where.rstrip(".") or "policy"}
-        )
+        field = where.rstrip(".") or "policy"
+        raise ValidationFailed(f"{field} must be an object.", detail={"field": field})
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise ValidationFailed(
             f"{where}{unknown[0]} is not a policy field; fields are {', '.join(FIELDS)}.",
-            detail={"field": where + unknown[0]},
+            detail={"field": f"{where}{unknown[0]}"},
         )
     values: dict[str, Any] = {name: _number(name, value, where) for name, value in raw.items()}
     policy = replace(base or Policy(), **values)
@@ -132,6 +140,14 @@ def parse_overrides(raw: Any, base: Policy, regions: set[str]) -> dict[str, dict
     return {code: dict(value) for code, value in raw.items()}
 
 
-def effective(spec: dict[str, Any], overrides: dict[str, dict[str, Any]], region: str) -> Policy:
-    """The policy one region runs under (stored specs were validated when saved)."""
-    return parse(overrides.get(region, {}), base=parse(spec))
+def effective(
+    spec: dict[str, Any],
+    overrides: dict[str, dict[str, Any]],
+    region: str,
+    *,
+    spec_parsed: Policy | None = None,
+) -> Policy:
+    """The policy one region runs under (stored specs were validated when saved); ``spec_parsed``: the
+    spec already parsed, when the caller asks for many regions of one deployment."""
+    base = spec_parsed or parse(spec)
+    return parse(overrides[region], base=base) if region in overrides else base

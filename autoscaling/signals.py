@@ -8,7 +8,9 @@ instantaneous, refreshed every second); TTFT has no such fallback (a histogram n
 """
 
 import logging
+import math
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
 from regions.drivers.prometheus import prometheus_client
@@ -52,29 +54,35 @@ def from_prometheus(url: str, targets: list[DeploymentTarget], window: int) -> d
         for series in prometheus.custom_query(query.format(w=window)):
             target = owner.get(series["metric"].get("instance", ""))
             value = float(series["value"][1])
-            if target is not None and value == value:  # NaN: no requests in the window (a histogram)
+            # NaN: no requests in the window (a histogram); +Inf: all in the last bucket, a quantile with no
+            # bound (and JSON, hence the stored state, has no infinity).
+            if target is not None and math.isfinite(value):
                 samples.setdefault(target, {}).setdefault(signal, []).append(value)
     return {t: {s: per_replica(s, v) for s, v in found.items()} for t, found in samples.items()}
 
 
-def from_probes(targets: list[DeploymentTarget]) -> dict[int, Values]:
-    """{target id: values} from the router's last probe of each endpoint's /metrics."""
+def from_probes(targets: list[DeploymentTarget], since: datetime) -> dict[int, Values]:
+    """{target id: values} from the router's last probe of each endpoint's /metrics, if it probed since
+    ``since`` (a row the prober stopped refreshing, the router being down, is no signal, not load)."""
     urls = {url: t.pk for t in targets for url in t.endpoints}
     samples: dict[int, dict[str, list[float]]] = {}
-    for seen in EndpointHealth.objects.filter(url__in=list(urls)).only("url", *GAUGE_FIELDS.values()):
-        for signal, column in GAUGE_FIELDS.items():
-            samples.setdefault(urls[seen.url], {}).setdefault(signal, []).append(getattr(seen, column))
+    fresh = EndpointHealth.objects.filter(url__in=list(urls), checked_at__gte=since)
+    for url, *gauges in fresh.values_list("url", *GAUGE_FIELDS.values()):  # rows, not models: thousands
+        for signal, value in zip(GAUGE_FIELDS, gauges, strict=True):
+            samples.setdefault(urls[url], {}).setdefault(signal, []).append(value)
     return {t: {s: per_replica(s, v) for s, v in found.items()} for t, found in samples.items()}
 
 
 def region_values(
-    region: Region, targets: list[DeploymentTarget], window: int
+    region: Region, targets: list[DeploymentTarget], window: int, now: datetime
 ) -> tuple[dict[int, Values], str]:
-    """Every target's values and where they came from ("prometheus", or "probes" and why)."""
+    """Every target's values and where they came from ("prometheus", or "probes" and why). ``targets``
+    may span several regions: those whose Prometheus is ``region``'s (or, without one, any)."""
+    since = now - timedelta(seconds=window)
     if region.prometheus_url:
         try:
             return from_prometheus(region.prometheus_url, targets, window), "prometheus"
         except Exception as exc:  # any failure of Prometheus: the probes still know the gauges
             log.warning("autoscaler: Prometheus of %s failed, using the probes: %s", region.code, exc)
-            return from_probes(targets), f"probes (Prometheus failed: {str(exc)[:200]})"
-    return from_probes(targets), "probes"
+            return from_probes(targets, since), f"probes (Prometheus failed: {str(exc)[:200]})"
+    return from_probes(targets, since), "probes"

@@ -16,12 +16,10 @@ from django.db import transaction
 from core.choices import AuditSource
 from core.errors import Conflict, NotFound
 from core.principal import Principal
-from core.residency import residency_of, residency_refusal, weights_of
 from gateway import contract
 from regions.choices import TargetRole, TargetStatus
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from regions.services.deployments import targets_scale
-from regions.workloads import target_version
 from routing import selectors
 
 GATEWAY = Principal.system("gateway", source=AuditSource.API)
@@ -48,15 +46,6 @@ def activate(*, tenant: str, model: str, held: int, now: datetime) -> Activation
         target = _locked_target(offer, tenant, model)
         if target.desired_replicas > 0:
             return Activation(target.deployment, offer["region"], target.desired_replicas, woke=False)
-        refusal = residency_refusal(
-            weights_of(target_version(target)),
-            target.region.jurisdiction,
-            serving=residency_of(target.deployment.owner),
-        )
-        if refusal is not None:  # the table is older than a residency change: the rule decides, not the table
-            raise Conflict(
-                f"{target.deployment} may not run in {offer['region']}: {refusal}", code="not_activatable"
-            )
         if not target.wakes_on_request:
             raise Conflict(
                 f"{target.deployment} was paused in {offer['region']} since the route table was published; "

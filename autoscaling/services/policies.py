@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from autoscaling.choices import ScalerMode
 from autoscaling.kubernetes import check_mode
-from autoscaling.models import AutoscalingPolicy
+from autoscaling.models import AutoscalingPolicy, ScalerState
 from autoscaling.policy import Policy, parse, parse_overrides
 from core.choices import Scope
 from core.errors import NotFound, ValidationFailed
@@ -101,6 +101,8 @@ def policy_set(*, actor: Principal, deployment: Deployment, body: Any) -> Autosc
         )
         # The in-cluster scaler (mode hpa/keda) is part of the workload: the reconciler re-applies it.
         deployment.targets.exclude(status=TargetStatus.DELETED).update(next_attempt_at=timezone.now())
+        if not enabled or mode != ScalerMode.CONTROL_PLANE:
+            _forget_limits(deployment)
     return policy
 
 
@@ -122,6 +124,12 @@ def policy_delete(*, actor: Principal, deployment: Deployment) -> None:
             after=None,
         )
         deployment.targets.exclude(status=TargetStatus.DELETED).update(next_attempt_at=timezone.now())
+        _forget_limits(deployment)
+
+
+def _forget_limits(deployment: Deployment) -> None:
+    """Nothing evaluates the deployment any more: a capacity limit the last pass met is no longer true."""
+    ScalerState.objects.filter(target__deployment=deployment).exclude(limited="").update(limited="")
 
 
 def _shape(policy: AutoscalingPolicy) -> dict[str, Any]:

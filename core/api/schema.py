@@ -20,8 +20,8 @@ CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
     ),
     (
         "regions & deployments",
-        "Regions, GPU pools, placement and deployments.",
-        ("regions/", "deployments/"),
+        "Regions, GPU pools, placement and deployments, their autoscaling and its decisions.",
+        ("regions/", "deployments/", "scaling-decisions/"),
     ),
     (
         "artifacts",

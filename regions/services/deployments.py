@@ -11,6 +11,7 @@ from core.choices import Scope
 from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
 from core.models import Tenant
 from core.principal import Principal
+from core.residency import residency_of, residency_refusal, weights_of
 from core.services.audit import audit_record
 from core.services.validation import full_clean
 from regions import hooks
@@ -213,6 +214,20 @@ def targets_scale(
 MAX_REPLICAS = 64
 
 
+def _check_residency(
+    deployment: Deployment, targets: list[DeploymentTarget], replicas: dict[str, int]
+) -> None:
+    """No replica added where residency now refuses the deployment (narrowed since it was placed there:
+    routing sends that region nothing, so what runs there may only shrink)."""
+    weights, serving = weights_of(deployment.version), residency_of(deployment.owner)
+    for target in targets:
+        if replicas.get(target.region.code, 0) <= target.desired_replicas:
+            continue
+        refusal = residency_refusal(weights, target.region.jurisdiction, serving=serving)
+        if refusal is not None:
+            raise Conflict(f"{deployment} cannot grow in {target.region.code}: {refusal}.", code="residency")
+
+
 def _check_scalable(deployment: Deployment) -> None:
     if deployment.state != DeploymentState.ACTIVE:
         raise Conflict(f"{deployment} is {deployment.state}.", code="not_active")
@@ -277,6 +292,7 @@ def _apply_replicas(
 ) -> None:
     """Write the new counts (the GPU pools are locked by the caller), with one event and one audit entry."""
     changing = [t for t in targets if t.region.code in replicas]
+    _check_residency(deployment, changing, replicas)
     _check_room(deployment, changing, replicas)
     before = {t.region.code: t.desired_replicas for t in changing}
     now = timezone.now()

@@ -14,7 +14,7 @@ from autoscaling.templatetags.scaling import figure
 from controlplane import overview
 from core.models import AuditEvent
 from regions.models import DeploymentTarget
-from tests.support.autoscaling import LIMITED, NOW, POLICY, samples, scaled_fleet
+from tests.support.autoscaling_console import LIMITED, NOW, POLICY, samples, scaled_fleet
 from tests.support.factories import UserFactory
 from tests.support.principals import principal
 
@@ -189,7 +189,7 @@ QUOTA = "quota"
     [
         ({"max_replicas": "0"}, "max_replicas", "max_replicas must be at least min_replicas"),
         ({"kv_cache": "1.5"}, "kv_cache", "kv_cache is a fraction of the KV cache: at most 1."),
-        ({"running": "-2"}, "running", "running must be positive."),
+        ({"running": "-2"}, "running", "running must be at least 0.001."),
         ({"tolerance": "1"}, "tolerance", "tolerance must be at least 0 and below 1."),
         ({"window_seconds": "5"}, "window_seconds", "must be between 15 and 1800 seconds"),
         ({"idle_seconds": "10"}, "idle_seconds", "must be between 60 seconds and 7 days"),

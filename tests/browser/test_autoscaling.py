@@ -8,7 +8,7 @@ import pytest
 from autoscaling import views
 from autoscaling.models import AutoscalingPolicy
 from controlplane import overview
-from tests.support.autoscaling import LIMITED, NOW, scaled_fleet
+from tests.support.autoscaling_console import LIMITED, NOW, scaled_fleet
 from tests.support.browser import login, shot
 from tests.support.factories import PASSWORD
 

@@ -73,7 +73,7 @@ def test_an_activation_from_a_table_older_than_a_residency_change_wakes_nothing(
     world.tenant_a.residency = ["CH"]  # narrowed since the table was published
     world.tenant_a.save()
     refused = gateway.post(URL, {"tenant": "acme", "model": "chat", "held": 1}, format="json")
-    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_activatable"
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "residency"
     assert DeploymentTarget.objects.get(deployment=at_zero).desired_replicas == 0
     assert activations(at_zero) == (0, 0)
 

@@ -1,119 +1,127 @@
-"""An autoscaled fleet for the console, at a fixed moment ``NOW``, written straight into the database (no
-evaluator, no engine): acme/chat in two EU regions with an hour of timeline samples and decisions, one
-region at zero and one capacity-limited; globex/bot in the US, at zero, limited and just scaled."""
+"""A fleet for the autoscaler without engines: deployments of the tiny model in local process regions whose
+targets are set ready by hand, with the load the router's prober would have written for each endpoint
+(``routing.models.EndpointHealth``, what the autoscaler reads without a Prometheus), prices in the billing
+catalog and requests in the usage log. Nothing here starts a process: the tests run in a rolled-back
+transaction, so the reconcile messages that scales enqueue after commit are never sent."""
 
-from dataclasses import dataclass
+import uuid
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
 from autoscaling.models import ScalerState, ScalingDecision
 from autoscaling.services.policies import policy_set
-from regions.choices import TargetStatus
+from billing.models import GpuPrice, UsageRecord
+from core.principal import Principal
 from regions.models import Deployment, DeploymentTarget, Region
 from regions.services.deployments import deployment_create
-from tests.support.principals import World, principal
-from tests.support.regions import tiny_version
+from registry.models import ModelVersion
+from routing.models import EndpointHealth
 
-NOW = datetime(2026, 6, 15, 12, 0, tzinfo=UTC)
-LIMITED = "capacity-limited: eu-west-1 has no free L4 GPU and no other compliant region has room"
-POLICY = {"min_replicas": 0, "max_replicas": 4, "running": 4, "waiting": 2}
-
-
-@dataclass
-class Scaled:
-    chat: Deployment  # acme's: eu-west-1 at 2 replicas and limited, eu-central-1 at zero
-    bot: Deployment  # globex's: us-east-1 at zero, limited, scaled a minute ago
-    west: DeploymentTarget
-    central: DeploymentTarget
+NOW = datetime(2031, 3, 3, 12, 0, tzinfo=UTC)  # a fixed instant: every pass is given its own `now`
+LONG_AGO = NOW - timedelta(days=1)
 
 
-def samples(now: datetime = NOW) -> list[list[object]]:
-    """An hour, one a minute: 1 replica, load rising past the target (4 running per replica), 2 then 3
-    replicas, load easing, back to 2."""
-    rows: list[list[object]] = []
-    for minute in range(60, 0, -1):
-        replicas = 1 if minute > 40 else 3 if 20 < minute <= 30 else 2
-        running = 2.0 + (60 - minute) * 0.2 if minute > 30 else max(1.0, 8.0 - (30 - minute) * 0.25)
-        rows.append([(now - timedelta(minutes=minute)).timestamp(), replicas, {"running": running}])
-    return rows
-
-
-def decision(deployment: Deployment, region: Region, kind: str, change: tuple[int, int], reason: str, at):  # type: ignore[no-untyped-def]
-    return ScalingDecision.objects.create(
-        deployment=deployment,
-        region=region,
-        kind=kind,
-        from_replicas=change[0],
-        to_replicas=change[1],
-        reason=reason,
-        signals={"running": 6.2},
-        at=at,
-    )
-
-
-def _targets(deployment: Deployment) -> dict[str, DeploymentTarget]:
-    return {t.region.code: t for t in deployment.targets.select_related("region")}
-
-
-def scaled_fleet(world: World, make_region, tiny_model_dir, *, with_policy: bool = True) -> Scaled:  # type: ignore[no-untyped-def]
-    for code, jurisdiction in (("eu-west-1", "EU"), ("eu-central-1", "EU"), ("us-east-1", "US")):
-        make_region(code, jurisdiction)
-    version = tiny_version(principal(world.operator), tiny_model_dir)
-    alice, bob = principal(world.alice), principal(world.bob)
-    chat = deployment_create(
-        actor=alice,
-        owner=world.tenant_a,
-        name="chat",
+def deploy(
+    actor: Principal, version: ModelVersion, regions: list[str], name: str = "chat", replicas: int = 1
+) -> Deployment:
+    return deployment_create(
+        actor=actor,
+        owner=version.model.owner,
+        name=name,
         model=version.model,
-        version="1.0.0",
-        regions=["eu-west-1", "eu-central-1"],
+        version=version.version,
+        regions=regions,
+        replicas=replicas,
     )
-    bot = deployment_create(actor=bob, owner=world.tenant_b, name="bot", model=version.model, version="1.0.0")
-    acme, globex = _targets(chat), _targets(bot)
-    west, central, east = acme["eu-west-1"], acme["eu-central-1"], globex["us-east-1"]
-    DeploymentTarget.objects.filter(pk=west.pk).update(
-        status=TargetStatus.READY, desired_replicas=2, ready_replicas=2
+
+
+def target(deployment: Deployment, code: str) -> DeploymentTarget:
+    return DeploymentTarget.objects.select_related("region").get(
+        deployment=deployment, region__code=code, role="stable"
     )
-    DeploymentTarget.objects.filter(pk__in=[central.pk, east.pk]).update(
-        status=TargetStatus.READY, desired_replicas=0, ready_replicas=0, wakes_on_request=True
+
+
+def endpoint_urls(found: DeploymentTarget, count: int) -> list[str]:
+    return [f"http://127.0.0.1:{20_000 + found.pk * 16 + index}" for index in range(count)]
+
+
+def serve(
+    deployment: Deployment,
+    code: str,
+    *,
+    ready: int | None = None,
+    at: datetime = NOW,
+    **load: float,
+) -> DeploymentTarget:
+    """The region's target ready with ``ready`` endpoints (default: its desired replicas), each probed at
+    ``at`` with the same ``load`` (running, waiting, kv_cache); ready since long ago."""
+    found = target(deployment, code)
+    count = found.desired_replicas if ready is None else ready
+    urls = endpoint_urls(found, count)
+    DeploymentTarget.objects.filter(pk=found.pk).update(
+        status="ready" if count else "paused",
+        ready_replicas=count,
+        endpoints=urls,
+        last_transition_at=LONG_AGO,
+        observed_generation=deployment.generation,
     )
-    ScalerState.objects.create(
-        target=west,
-        samples=samples(),
-        signals={"running": 4.5, "waiting": 0.5},
-        limited=LIMITED,
-        evaluated_at=NOW,
+    EndpointHealth.objects.filter(url__startswith=f"http://127.0.0.1:{20_000 + found.pk * 16}").exclude(
+        url__in=urls
+    ).delete()
+    for url in urls:
+        EndpointHealth.objects.update_or_create(
+            url=url, defaults={"region": found.region, "checked_at": at, **load}
+        )
+    return target(deployment, code)
+
+
+def follow(deployment: Deployment, *, at: datetime = NOW, **load: float) -> None:
+    """Every live region of the deployment serving what it was scaled to, with ``load`` on each endpoint:
+    what the reconciler and the prober would show a little later."""
+    for live in deployment.targets.exclude(status="deleted").select_related("region"):
+        serve(deployment, live.region.code, at=at, **load)
+
+
+def price(region: Region | str, hourly: str, gpu_type: str = "L4") -> GpuPrice:
+    found = region if isinstance(region, Region) else Region.objects.get(code=region)
+    return GpuPrice.objects.create(
+        region=found, gpu_type=gpu_type, hourly_price=Decimal(hourly), effective_from=NOW - timedelta(days=30)
     )
-    ScalerState.objects.create(target=east, samples=[], limited="capacity-limited: us-east-1 is full")
-    if with_policy:
-        policy_set(actor=alice, deployment=chat, body=POLICY)
-        policy_set(actor=bob, deployment=bot, body=POLICY)
-    west_region, central_region = west.region, central.region
-    decision(
-        chat,
-        west_region,
-        "scale_up",
-        (1, 2),
-        "running 6.2 per replica over its target 4",
-        NOW - timedelta(minutes=40),
+
+
+def request(deployment: Deployment, code: str, at: datetime) -> UsageRecord:
+    """One request the gateway metered for the deployment in the region at ``at``."""
+    return UsageRecord.objects.create(
+        request_id=uuid.uuid4().hex,
+        tenant=deployment.owner,
+        model_name=deployment.name,
+        region=code,
+        deployment=deployment,
+        version=str(deployment.version),
+        status=200,
+        latency_ms=12.0,
+        started_at=at,
+        hour=at.replace(minute=0, second=0, microsecond=0),
     )
-    decision(
-        chat,
-        west_region,
-        "scale_up",
-        (2, 3),
-        "running 5.9 per replica over its target 4",
-        NOW - timedelta(minutes=30),
+
+
+def autoscale(actor: Principal, deployment: Deployment, **fields: Any) -> None:
+    policy_set(actor=actor, deployment=deployment, body=fields)
+
+
+def replicas(deployment: Deployment) -> dict[str, int]:
+    """{region code: desired replicas} of the deployment's live stable targets."""
+    return dict(
+        deployment.targets.filter(role="stable")
+        .exclude(status="deleted")
+        .values_list("region__code", "desired_replicas")
     )
-    decision(
-        chat,
-        west_region,
-        "scale_down",
-        (3, 2),
-        "running 2.1 per replica under its target 4",
-        NOW - timedelta(minutes=20),
-    )
-    decision(
-        chat, central_region, "scale_to_zero", (1, 0), "no request for 900 s", NOW - timedelta(minutes=15)
-    )
-    decision(bot, east.region, "scale_to_zero", (1, 0), "no request for 900 s", NOW - timedelta(minutes=1))
-    return Scaled(chat, bot, west, central)
+
+
+def decisions(deployment: Deployment) -> list[ScalingDecision]:
+    return list(ScalingDecision.objects.filter(deployment=deployment).select_related("region").order_by("pk"))
+
+
+def state(deployment: Deployment, code: str) -> ScalerState:
+    return ScalerState.objects.get(target=target(deployment, code))
