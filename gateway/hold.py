@@ -134,6 +134,12 @@ class Holds:
                     )
                 if route["endpoints"]:
                     return route
+                if "activatable" not in route:  # paused by hand, failed, no longer compliant: not coming
+                    raise HoldRefused(
+                        503,
+                        route.get("unavailable", "No region can serve this model."),
+                        "residency_unavailable",
+                    )
                 await _next_table(changed, gone)
         finally:
             gone.cancel()

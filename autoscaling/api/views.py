@@ -3,6 +3,7 @@ its decision log. Each call is one service or selector."""
 
 from typing import Any
 
+import django_filters
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics
 from rest_framework.request import Request
@@ -49,11 +50,20 @@ class AutoscalingView(PrincipalMixin):
         return Response(status=204)
 
 
+class DecisionFilter(django_filters.FilterSet):
+    # A plain number, not a choice among every deployment: which ids exist is nobody else's business.
+    deployment = django_filters.NumberFilter(field_name="deployment_id", min_value=1, max_value=2**63 - 1)
+
+    class Meta:
+        model = ScalingDecision
+        fields = ["kind", "deployment"]
+
+
 class DecisionListView(PrincipalMixin, generics.ListAPIView):
     """Every scaling decision of the caller's deployments, newest first (filter by deployment id or kind)."""
 
     serializer_class = s.DecisionListSerializer
-    filterset_fields = ["kind", "deployment"]
+    filterset_class = DecisionFilter
 
     def get_queryset(self) -> Any:
         return self.scoped(selectors.decisions_for, ScalingDecision)

@@ -162,3 +162,11 @@ def test_a_put_with_an_idempotency_key_replays_and_refuses_another_body(world, a
 def test_bad_decision_filters_are_400(world, api, chat, query):
     reply = api(world.alice).get(f"/api/v1/scaling-decisions/?{query}")
     assert reply.status_code == 400, reply.content
+
+
+def test_the_decision_filter_does_not_tell_which_deployment_ids_exist(world, api, chat):
+    bob = api(world.bob)
+    theirs = bob.get(f"/api/v1/scaling-decisions/?deployment={chat.pk}")
+    nobodys = bob.get("/api/v1/scaling-decisions/?deployment=987654")
+    assert theirs.status_code == nobodys.status_code == 200
+    assert theirs.json()["results"] == nobodys.json()["results"] == []

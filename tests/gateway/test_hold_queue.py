@@ -160,3 +160,18 @@ def test_a_client_that_leaves_is_dropped_and_the_others_stay(world):
     assert holds(world)["held_now"] == 1 and not stays.answer.done()
     stays.leave()
     until(lambda: holds(world)["held_now"] == 0)
+
+
+def test_a_held_request_whose_route_stops_being_wakeable_is_answered_at_once_not_at_the_timeout(world):
+    held = Client(world)
+    until(lambda: holds(world)["held_now"] == 1)
+    table = copy.deepcopy(world.control.table)
+    table["tenants"]["acme"]["models"]["chat"] = {
+        "endpoints": [],
+        "preferred": "",
+        "unavailable": "eu-west-1 is not ready",  # paused by hand meanwhile: nothing will wake it
+    }
+    install(world, table)
+    answer = held.answer.result(timeout=5)
+    assert answer.status == 503 and answer.json()["error"]["code"] == "residency_unavailable"
+    assert not world.engine.seen
