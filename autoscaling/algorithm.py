@@ -128,7 +128,7 @@ def decide(
         return Decision(
             0,
             DecisionKind.SCALE_TO_ZERO,
-            f"no request for {int(idle_seconds)} s (idle window {policy.idle_seconds} s)",
+            f"no request in the last {policy.idle_seconds} s (the idle window)",
             [],
         )
     signals = per_metric(policy, current, values, ready)

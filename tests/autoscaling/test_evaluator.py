@@ -114,7 +114,7 @@ def test_an_idle_deployment_with_min_zero_scales_to_zero_and_wakes_on_request(ch
     assert replicas(chat) == {"eu-west-1": 0}
     assert target(chat, "eu-west-1").wakes_on_request
     (decision,) = decisions(chat)
-    assert decision.kind == "scale_to_zero" and "idle window 600 s" in decision.reason
+    assert decision.kind == "scale_to_zero" and "in the last 600 s" in decision.reason
     evaluator.evaluate_all(now=NOW + timedelta(seconds=200))  # at zero it stays there
     assert replicas(chat) == {"eu-west-1": 0} and len(decisions(chat)) == 1
 

@@ -121,7 +121,7 @@ def test_real_engines_scale_up_under_load_then_down_then_to_zero(
         idle = DeploymentTarget.objects.get(pk=target.pk)
         assert idle.desired_replicas == 0 and idle.wakes_on_request
         zero = ScalingDecision.objects.get(deployment=deployment, kind=DecisionKind.SCALE_TO_ZERO)
-        assert "no request for" in zero.reason
+        assert "no request in the last" in zero.reason
         converge(deployment)
         assert DeploymentTarget.objects.get(pk=target.pk).status == "paused"
 
