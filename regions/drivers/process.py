@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -92,12 +93,18 @@ def _alive(pid: int, port: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z" and str(port).encode() in cmdline
 
 
-def _healthy(host: str, port: int) -> bool:
+def _health(host: str, port: int) -> str:
+    """ "ok"; "slow" when /health did not answer within a second (an engine busy on shared CPUs); "down"
+    when it refused or answered an error."""
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=1) as response:
-            return bool(response.status == 200)
+            return "ok" if response.status == 200 else "down"
+    except TimeoutError:
+        return "slow"
+    except urllib.error.URLError as exc:
+        return "slow" if isinstance(exc.reason, TimeoutError) else "down"
     except OSError:
-        return False
+        return "down"
 
 
 def _log_tail(path: Path, lines: int = 6) -> str:
@@ -150,7 +157,10 @@ class ProcessDriver:
                     problem = f"replica {index} exited; engine output:\n{tail}"
                     permanent = permanent or self._crash_looping(state)
                 continue
-            if _healthy(self.config.host, state["port"]):
+            # A live process that has answered before and is only slow now is busy, not dead: whether it
+            # takes traffic is the router's probes' call (with their hysteresis), not a replica count's.
+            health = _health(self.config.host, state["port"])
+            if health == "ok" or (health == "slow" and "ready_at" in state):
                 ready += 1
                 endpoints.append(f"http://{self.config.host}:{state['port']}")
                 cold_starts.append(self._cold_start(folder, index, state))

@@ -1,13 +1,14 @@
 """The process driver is shared by a region's reconcile threads: what one apply measures stays its own."""
 
 import json
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 from regions.drivers import process
 from regions.drivers.base import WorkloadSpec
-from regions.drivers.process import ProcessConfig, ProcessDriver
+from regions.drivers.process import ProcessConfig, ProcessDriver, _health
 
 
 def spec(name: str, model_dir: Path) -> WorkloadSpec:
@@ -53,3 +54,18 @@ def test_interleaved_applies_keep_their_own_cold_start_timings(tmp_path, tiny_mo
     assert interleaved
     assert mine["scheduled_at"] <= mine["cached_at"] < theirs["scheduled_at"] <= theirs["cached_at"]
     assert mine["cached_at"] <= mine["started_at"]
+
+
+def test_a_health_check_tells_a_busy_engine_from_a_dead_one():
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)  # accepts the connection, never answers: an engine whose one thread is generating
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    closed_port = dead.getsockname()[1]
+    dead.close()
+    try:
+        assert _health("127.0.0.1", busy.getsockname()[1]) == "slow"
+        assert _health("127.0.0.1", closed_port) == "down"
+    finally:
+        busy.close()
