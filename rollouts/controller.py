@@ -158,20 +158,21 @@ def _pause(rollout: Rollout, now: datetime, pause: plan.Pause) -> None:
             rollout_transition(rollout, R.PAUSED, reason="waiting for a person to resume")
             event(rollout, "paused", "the plan pauses here until someone resumes it", at=now)
         return
-    started = rollout.step_started_at or now
-    if pause.seconds is not None and now < started + timedelta(seconds=pause.seconds):
+    began = rollout.step_started_at or now
+    if pause.seconds is not None and now < began + timedelta(seconds=pause.seconds):
         return
+    opened = began + timedelta(seconds=pause.warmup_seconds)  # the window leaves the warm-up out
     sides = {code: _sides(rollout, code) for code in _wave_regions(rollout)}
-    waited_long = now - started > timedelta(seconds=rollout.progress_deadline_seconds)
+    waited_long = now - began > timedelta(seconds=rollout.progress_deadline_seconds)
     if (
         pause.min_requests
         and not waited_long  # too little traffic for too long: the analysis says so, and a person decides
-        and any(_served(rollout, code, sides[code][0], started, now) < pause.min_requests for code in sides)
+        and any(_too_few(rollout, code, *sides[code], opened, now, pause.min_requests) for code in sides)
     ):
         return
-    if now - started <= USAGE_GRACE:
+    if now - opened <= USAGE_GRACE:
         return
-    _judge(rollout, now, started, sides)
+    _judge(rollout, now, opened, sides)
 
 
 def _judge(rollout: Rollout, now: datetime, started: datetime, sides: dict[str, tuple[Side, Side]]) -> None:
@@ -268,6 +269,30 @@ def _sides(rollout: Rollout, code: str) -> tuple[Side, Side]:
             f"{model}@{rollout.baseline.version}", tuple(baseline.endpoints if baseline else ()), ("stable",)
         ),
     )
+
+
+def _too_few(
+    rollout: Rollout,
+    code: str,
+    candidate: Side,
+    baseline: Side,
+    since: datetime,
+    until: datetime,
+    wanted: int,
+) -> bool:
+    """Whether a side has served fewer than ``wanted`` requests in the region since the pause began. Both
+    sides count: a step judged on one side's requests alone is no comparison (a baseline the gateway
+    stopped sending to for a while, e.g. one it ejected as slow, made it inconclusive), so the pause waits
+    for both, at most the progress deadline. A baseline that a canary at 100 % no longer feeds is not
+    waited for."""
+    sides = [candidate] if _candidate_takes_all(rollout, code) else [candidate, baseline]
+    return any(_served(rollout, code, side, since, until) < wanted for side in sides)
+
+
+def _candidate_takes_all(rollout: Rollout, code: str) -> bool:
+    return DeploymentTarget.objects.filter(
+        deployment=rollout.deployment, region__code=code, role=TargetRole.CANDIDATE, traffic_percent__gte=100
+    ).exists()
 
 
 def _served(rollout: Rollout, code: str, side: Side, since: datetime, until: datetime) -> int:

@@ -6,6 +6,9 @@ Steps are small JSON objects, one key each:
 - ``{"set_mirror": 20}``: 20 % of the wave's requests are copied to the candidate (shadow);
 - ``{"pause": {"seconds": 120, "min_requests": 200}}``: wait until both hold, then judge the step by an
   analysis run in every region of the wave; ``{"pause": {}}`` waits for a person to resume, unjudged.
+  ``"warmup_seconds": 15`` leaves the step's first seconds out of the analysis window and the request
+  count (as Kayenta's "begin analysis after" and Argo's ``initialDelay`` do): engines whose load just
+  changed answer slower for a while, whichever version they run.
 
 Blue-green plans hold pauses only: the candidate runs at full size beside the baseline, reachable as a
 preview, and takes 100 % in one route-table generation when the wave's plan is done. Canary and blue-green
@@ -27,6 +30,7 @@ STEP_KINDS: dict[str, frozenset[str]] = {
     Strategy.SHADOW: frozenset({"set_mirror", "pause"}),
 }
 JUDGED_PAUSE = {"seconds": 60, "min_requests": 30}
+PAUSE_FIELDS = frozenset({"seconds", "min_requests", "warmup_seconds"})
 DEFAULT_STEPS: dict[str, list[dict[str, Any]]] = {
     Strategy.CANARY: [
         {"set_weight": 10},
@@ -49,6 +53,7 @@ class PlanError(ValueError):
 class Pause:
     seconds: int | None
     min_requests: int
+    warmup_seconds: int = 0
 
     @property
     def judged(self) -> bool:
@@ -72,20 +77,37 @@ def _step(raw: Any, index: int, strategy: str, last_weight: int) -> dict[str, An
             f"{where}: a {strategy} plan takes {', '.join(sorted(allowed))}, not {kind!r}.", "steps"
         )
     if kind == "pause":
-        if not isinstance(value, dict) or set(value) - {"seconds", "min_requests"}:
-            raise PlanError(f"{where}: pause takes an object with seconds and/or min_requests.", "steps")
-        pause = {}
-        if "seconds" in value:
-            pause["seconds"] = _whole(value["seconds"], f"{where} seconds", 0, MAX_PAUSE_SECONDS)
-        if "min_requests" in value:
-            pause["min_requests"] = _whole(
-                value["min_requests"], f"{where} min_requests", 0, MAX_MIN_REQUESTS
-            )
-        return {"pause": pause}
+        return {"pause": _pause(value, where)}
     percent = _whole(value, f"{where} {kind}", 1, 100)
     if kind == "set_weight" and percent <= last_weight:
         raise PlanError(f"{where}: weights must grow (from {last_weight} to more, not {percent}).", "steps")
     return {kind: percent}
+
+
+def _pause(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, dict) or set(value) - PAUSE_FIELDS:
+        raise PlanError(
+            f"{where}: pause takes an object with seconds, min_requests and/or warmup_seconds.", "steps"
+        )
+    pause = {}
+    if "seconds" in value:
+        pause["seconds"] = _whole(value["seconds"], f"{where} seconds", 0, MAX_PAUSE_SECONDS)
+    if "min_requests" in value:
+        pause["min_requests"] = _whole(value["min_requests"], f"{where} min_requests", 0, MAX_MIN_REQUESTS)
+    if "warmup_seconds" in value:
+        pause["warmup_seconds"] = _whole(
+            value["warmup_seconds"], f"{where} warmup_seconds", 0, MAX_PAUSE_SECONDS
+        )
+        if not pause.get("seconds") and not pause.get("min_requests"):
+            raise PlanError(
+                f"{where}: warmup_seconds applies to a judged pause (seconds or min_requests).", "steps"
+            )
+        if pause.get("seconds") is not None and pause["warmup_seconds"] >= pause["seconds"]:
+            raise PlanError(
+                f"{where}: warmup_seconds must be less than seconds (the window is what is left after it).",
+                "steps",
+            )
+    return pause
 
 
 def parse_steps(raw: Any, strategy: str) -> list[dict[str, Any]]:
@@ -107,7 +129,8 @@ def parse_steps(raw: Any, strategy: str) -> list[dict[str, Any]]:
 def pause_of(step: dict[str, Any]) -> Pause | None:
     if "pause" not in step:
         return None
-    return Pause(step["pause"].get("seconds"), step["pause"].get("min_requests", 0))
+    fields = step["pause"]
+    return Pause(fields.get("seconds"), fields.get("min_requests", 0), fields.get("warmup_seconds", 0))
 
 
 def parse_waves(raw: Any, regions: Sequence[str]) -> list[list[str]]:

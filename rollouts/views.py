@@ -78,8 +78,9 @@ def step_label(step: dict[str, Any]) -> str:
         return "pause until someone resumes"
     wait = [f"{pause.seconds} s" if pause.seconds is not None else "", ""]
     if pause.min_requests:
-        wait[1] = f"{pause.min_requests} candidate requests"
-    return f"pause {' and '.join(w for w in wait if w)}, then analysis"
+        wait[1] = f"{pause.min_requests} requests on each side"
+    warmup = f" (the first {pause.warmup_seconds} s left out)" if pause.warmup_seconds else ""
+    return f"pause {' and '.join(w for w in wait if w)}, then analysis{warmup}"
 
 
 def _finish_label(rollout: Rollout, last: bool) -> str:

@@ -40,7 +40,9 @@ from routing.services import publish
 
 R = RolloutState
 SYSTEM = Principal.system("rollouts", source=AuditSource.TASK)
-CANDIDATE_DRAIN = timedelta(seconds=15)  # in-flight requests to a rolled-back candidate finish first
+# A revision leaving the route table keeps running this long at least, so gateways get the new table and
+# the requests already sent to it finish (a rolled-back candidate; a baseline, even with no rollback window).
+DRAIN = timedelta(seconds=15)
 
 
 def event(rollout: Rollout, kind: str, message: str, at: datetime | None = None) -> None:
@@ -137,7 +139,7 @@ def rollback(rollout: Rollout, to: str, reason: str, *, actor: Principal = SYSTE
         targets = DeploymentTarget.objects.filter(deployment=rollout.deployment, role=TargetRole.CANDIDATE)
         regions = set(targets.values_list("region_id", flat=True))
         targets.update(
-            traffic_percent=0, mirror_percent=0, role=TargetRole.RETIRING, remove_after=now + CANDIDATE_DRAIN
+            traffic_percent=0, mirror_percent=0, role=TargetRole.RETIRING, remove_after=now + DRAIN
         )
         _return_version(rollout, reason)
         event(rollout, to, reason, at=now)
@@ -177,7 +179,7 @@ def promote(rollout: Rollout, reason: str, *, actor: Principal = SYSTEM, by_hand
         stable.update(
             role=TargetRole.RETIRING,
             version_id=deployment.version_id,  # what it runs now: the baseline, unless an alias moved it
-            remove_after=now + timedelta(seconds=rollout.rollback_window_seconds),
+            remove_after=now + max(timedelta(seconds=rollout.rollback_window_seconds), DRAIN),
         )
         DeploymentTarget.objects.filter(deployment=deployment, role=TargetRole.CANDIDATE).update(
             role=TargetRole.STABLE,

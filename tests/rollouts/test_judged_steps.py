@@ -19,8 +19,10 @@ TTFT_ONLY = {"min_samples": 30, "metrics": [{"metric": "ttft", "stat": "p95", "m
 STEPS = [{"set_weight": 50}, {"pause": {"seconds": 30, "min_requests": 30}}]
 
 
-def served(rollout: Rollout, version: str, track: str, ttft_ms: float, count: int, seed: int) -> None:
-    """``count`` streamed requests as a gateway records them, inside the step's window."""
+def served(
+    rollout: Rollout, version: str, track: str, ttft_ms: float, count: int, seed: int, after: float = 1
+) -> None:
+    """``count`` streamed requests as a gateway records them, over 20 s from ``after`` s into the step."""
     rng = random.Random(seed)
     start = rollout.step_started_at
     records = [
@@ -37,7 +39,7 @@ def served(rollout: Rollout, version: str, track: str, ttft_ms: float, count: in
             "latency_ms": 400.0,
             "stream": True,
             "track": track,
-            "started_at": (start + timedelta(seconds=1 + n * 20 / count)).isoformat(),
+            "started_at": (start + timedelta(seconds=after + n * 20 / count)).isoformat(),
         }
         for n in range(count)
     ]
@@ -107,3 +109,65 @@ def test_the_default_spec_in_a_region_without_prometheus_judges_by_the_gateway(
         rollouts.rollout_start(
             actor=s.alice, deployment=s.deployment, version="2.0.0", analysis=prometheus_spec
         )
+
+
+def test_a_step_whose_baseline_got_too_few_requests_waits_for_it(world, make_region, tiny_model_dir):
+    """Plenty of candidate requests and none yet for the baseline (a gateway sent it nothing for a while):
+    no verdict on one side's records; judged once the baseline has its share."""
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
+    )
+    rollout = drive(rollout, {"progressing"})
+    while rollout.step == 0:
+        drive(rollout, {"progressing"})
+    served(rollout, "2.0.0", "candidate", 100.0, 200, seed=4)
+    served(rollout, "1.0.0", "stable", 100.0, 29, seed=5)
+    controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=31))
+    rollout.refresh_from_db()
+    assert (rollout.state, rollout.step) == ("progressing", 1) and not AnalysisRun.objects.exists()
+    served(rollout, "1.0.0", "stable", 100.0, 200, seed=6)
+    controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=40))
+    rollout.refresh_from_db()
+    assert rollout.step == 2, rollout.reason
+    assert AnalysisRun.objects.get(rollout=rollout).verdict == "successful"
+
+
+def test_a_baseline_short_of_requests_until_the_deadline_is_judged_inconclusive(
+    world, make_region, tiny_model_dir
+):
+    s = stage(world, make_region, tiny_model_dir)
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
+    )
+    rollout = drive(rollout, {"progressing"})
+    while rollout.step == 0:
+        drive(rollout, {"progressing"})
+    served(rollout, "2.0.0", "candidate", 100.0, 200, seed=7)
+    deadline = timedelta(seconds=rollout.progress_deadline_seconds + 1)
+    controller.advance(rollout.pk, now=rollout.step_started_at + deadline)
+    rollout.refresh_from_db()
+    assert rollout.state == "paused" and "inconclusive" in rollout.reason
+
+
+def test_a_warmup_leaves_the_steps_first_seconds_out_of_the_window(world, make_region, tiny_model_dir):
+    """A candidate slow only in the seconds after its weight changed is judged on what came after."""
+    s = stage(world, make_region, tiny_model_dir)
+    steps = [{"set_weight": 50}, {"pause": {"seconds": 40, "min_requests": 30, "warmup_seconds": 20}}]
+    rollout = rollouts.rollout_start(
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=steps, analysis=TTFT_ONLY
+    )
+    rollout = drive(rollout, {"progressing"})
+    while rollout.step == 0:
+        drive(rollout, {"progressing"})
+    began = rollout.step_started_at
+    served(rollout, "2.0.0", "candidate", 900.0, 100, seed=8, after=0)  # 0-20 s: the warm-up, slow
+    served(rollout, "1.0.0", "stable", 100.0, 100, seed=9, after=0)
+    served(rollout, "2.0.0", "candidate", 100.0, 100, seed=10, after=21)  # 21-41 s: like the baseline
+    served(rollout, "1.0.0", "stable", 100.0, 100, seed=11, after=21)
+    controller.advance(rollout.pk, now=began + timedelta(seconds=45))
+    rollout.refresh_from_db()
+    run = AnalysisRun.objects.get(rollout=rollout)
+    assert run.verdict == "successful", run.measurements
+    assert run.window_start == began + timedelta(seconds=20)
+    assert run.measurements[0]["candidate_samples"] == 100
