@@ -7,10 +7,17 @@ fixed chat-completion JSON), so what is measured is what the proxy adds. wrk is 
 - nginx: wrk → nginx reverse proxy (keepalive) → upstream (the near-limit reference);
 - gateway (1 and 2 workers): wrk → `python -m gateway` with auth (token digest), routing (the route
   table) and usage metering on (records shipped every second to a stub control plane that accepts them);
+- bare aiohttp proxy: wrk → an aiohttp server that forwards the body with an aiohttp client (uvloop), no
+  auth, routing or metering: the Python floor our gateway is built on;
+- gateway, features on: the same gateway with the tenant's limits set (requests, tokens and requests in
+  flight, all far above the load, so nothing is refused but every request pays for them), shared through
+  Redis (``--redis``, default ``redis://127.0.0.1:6379/1``), and the route table marking load;
+- with ``--baseline CHECKOUT``, that checkout's gateway (e.g. a ``git worktree`` of the commit before) on the
+  same table, so "today's gateway" and the new one are measured in one run;
 - litellm: wrk → LiteLLM proxy (one worker) → upstream, when ``--litellm`` names its executable
   (install it in a venv of its own: ``pip install 'litellm[proxy]==1.106.12'``).
 
-    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--litellm /opt/litellm-venv/bin/litellm]
+    .venv/bin/python bench/gateway_bench.py [--seconds 10] [--baseline /tmp/base] [--litellm ...]
 
 Needs Debian's nginx and wrk (``apt-get install nginx-light wrk``).
 """
@@ -113,7 +120,28 @@ web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 """
 
 
-def gateway_table(upstream: int) -> dict[str, object]:
+BARE_PROXY = """
+import sys, aiohttp, uvloop
+from aiohttp import web
+upstream = sys.argv[2]
+async def start(app):
+    app["client"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+async def forward(request):
+    body = await request.read()
+    async with request.app["client"].post(upstream + request.path, data=body,
+                                          headers={"Content-Type": "application/json"}) as reply:
+        return web.Response(status=reply.status, body=await reply.read(), content_type="application/json")
+app = web.Application()
+app.on_startup.append(start)
+app.router.add_post("/v1/chat/completions", forward)
+uvloop.install()
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+"""
+# Far above anything the bench sends: every request pays for the limiter, none is refused.
+LIMITS = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
+
+
+def gateway_table(upstream: int, limits: dict[str, int] | None = None) -> dict[str, object]:
     endpoint = {
         "url": f"http://127.0.0.1:{upstream}",
         "region": "local-1",
@@ -123,16 +151,23 @@ def gateway_table(upstream: int) -> dict[str, object]:
         "version": "bench@1.0.0",
         "served_model": "chat",
         "artifact_sha256": "0" * 64,
+        "shared": False,
+        "saturated": False,
     }
     body = {
         "tenants": {
-            "bench": {"limits": {}, "models": {"chat": {"endpoints": [endpoint], "preferred": "local-1"}}}
+            "bench": {
+                "limits": limits or {},
+                "blocked": "",
+                "models": {"chat": {"endpoints": [endpoint], "preferred": "local-1"}},
+            }
         },
         "credentials": {
             hashlib.sha256(TOKEN.encode()).hexdigest(): {
                 "tenants": ["bench"],
                 "token": "bench000",
                 "expires": None,
+                "priority": "interactive",
             }
         },
     }
@@ -191,6 +226,8 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--litellm", default="", help="path of LiteLLM's `litellm` executable")
+    parser.add_argument("--baseline", type=Path, help="a checkout whose gateway is measured too")
+    parser.add_argument("--redis", default="redis://127.0.0.1:6379/1", help="the Redis limits are shared in")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     script = folder / "chat.lua"
@@ -200,13 +237,13 @@ def main() -> None:
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
     )
-    upstream, proxy, control = free_port(), free_port(), free_port()
+    upstream, proxy, control, limited = free_port(), free_port(), free_port(), free_port()
     procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, dict[str, float]] = {}
 
-    def start(cmd: list[str], **env: str) -> subprocess.Popen[bytes]:
+    def start(cmd: list[str], cwd: Path = ROOT, **env: str) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
-            cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+            cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd
         )
         procs.append(proc)
         return proc
@@ -219,25 +256,43 @@ def main() -> None:
     try:
         start(["nginx", "-c", str(nginx_conf(folder, upstream, proxy)), "-g", "daemon off;"])
         start([sys.executable, "-c", STUB_CONTROL_PLANE, str(control), json.dumps(gateway_table(upstream))])
-        wait_port(control)
+        table = json.dumps(gateway_table(upstream, LIMITS))
+        start([sys.executable, "-c", STUB_CONTROL_PLANE, str(limited), table])
+        wait_port(control), wait_port(limited)
         measure("direct (upstream)", upstream, args.seconds, script, results)
         measure("nginx reverse proxy", proxy, args.seconds, script, results)
+        port = free_port()
+        bare = start([sys.executable, "-c", BARE_PROXY, str(port), f"http://127.0.0.1:{upstream}"])
+        measure("bare aiohttp proxy", port, args.seconds, script, results)
+        stop(bare)
+        sides = [
+            ("our gateway", ROOT, control, {}),
+            ("gateway, features on", ROOT, limited, {"GATEWAY_REDIS_URL": args.redis}),
+        ]
+        if args.baseline:
+            sides.insert(
+                0,
+                (
+                    "today's gateway",
+                    args.baseline.resolve(),
+                    limited,
+                    {"PYTHONPATH": str(args.baseline.resolve())},
+                ),
+            )
         for workers in (1, 2):
-            port = free_port()
-            gateway = start(
-                [sys.executable, "-m", "gateway", "--port", str(port), "--workers", str(workers)],
-                CONTROL_PLANE_URL=f"http://127.0.0.1:{control}",
-                GATEWAY_TOKEN="bench",
-            )
-            time.sleep(2)  # route table fetched
-            measure(
-                f"our gateway, {workers} worker{'s' if workers > 1 else ''}",
-                port,
-                args.seconds,
-                script,
-                results,
-            )
-            stop(gateway)
+            for name, checkout, plane, env in sides:
+                port = free_port()
+                gateway = start(
+                    [sys.executable, "-m", "gateway", "--port", str(port), "--workers", str(workers)],
+                    cwd=checkout,
+                    CONTROL_PLANE_URL=f"http://127.0.0.1:{plane}",
+                    GATEWAY_TOKEN="bench",
+                    GATEWAY_STATE_DIR=str(folder / f"state-{port}"),
+                    **env,
+                )
+                time.sleep(2)  # route table fetched
+                measure(f"{name}, {workers}w", port, args.seconds, script, results)
+                stop(gateway)
         if args.litellm:
             port = free_port()
             config = folder / "litellm.yaml"
@@ -262,13 +317,13 @@ def main() -> None:
 
     floor = results["direct (upstream)"]["c1_p50"]
     print(
-        f"\n{'side':<26} {'c=1 p50':>9} {'added':>8} {'c=32 p50':>9} {'c=32 p99':>9} "
+        f"\n{'side':<32} {'c=1 p50':>9} {'added':>8} {'c=32 p50':>9} {'c=32 p99':>9} "
         f"{'req/s':>8} {'errors':>7}"
     )
     for name, r in results.items():
         added = r["c1_p50"] - floor
         print(
-            f"{name:<26} {r['c1_p50']:>7.2f}ms {added:>6.2f}ms {r['c32_p50']:>7.2f}ms {r['c32_p99']:>7.2f}ms "
+            f"{name:<32} {r['c1_p50']:>7.2f}ms {added:>6.2f}ms {r['c32_p50']:>7.2f}ms {r['c32_p99']:>7.2f}ms "
             f"{r['rps']:>8.0f} {r['errors']:>7.0f}"
         )
 

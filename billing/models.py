@@ -24,6 +24,10 @@ class UsageRecord(models.Model):
     client_request_id = models.CharField(max_length=128, blank=True, default="")
     tenant = models.ForeignKey("controlplane.Tenant", on_delete=models.PROTECT, related_name="usage")
     model_name = models.CharField(max_length=100)
+    # A request served by a fallback: the model name that served it (model_name is what the client asked
+    # for; version is what answered) and why the gateway degraded (capacity, budget, unavailable).
+    served_model_name = models.CharField(max_length=100, blank=True, default="")
+    degraded = models.CharField(max_length=16, blank=True, default="")
     region = models.CharField(max_length=41)
     deployment = models.ForeignKey(
         "regions.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage"

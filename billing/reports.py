@@ -333,9 +333,11 @@ DEFAULT_THRESHOLDS = [50, 80, 100]
 
 def thresholds_of(tenant: Tenant) -> list[int]:
     """A tenant's alert thresholds in percent (the defaults when it chose none); 100 % always fires
-    under a hard limit, since that alert is what blocks the tenant."""
+    under a hard limit, since that alert is what blocks the tenant, and so does the degrade threshold."""
     chosen = sorted({int(t) for t in tenant.budget_thresholds}) or DEFAULT_THRESHOLDS
-    return sorted({*chosen, 100}) if tenant.budget_hard_limit else chosen
+    chosen = sorted({*chosen, 100}) if tenant.budget_hard_limit else chosen
+    # The degrade threshold is crossed like any other: its alert is what sends requests to fallbacks.
+    return sorted({*chosen, tenant.budget_degrade_at}) if tenant.budget_degrade_at else chosen
 
 
 def budget_status(tenants: Iterable[Tenant], month: Report) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, F, QuerySet, Sum
 from django.utils import timezone
 
 from billing import reports
@@ -89,6 +89,16 @@ def spend_to_date(principal: Principal, *, now: datetime) -> dict[str, Any]:
 def budget_tenants(principal: Principal) -> QuerySet[Tenant]:
     """Tenants with a monthly budget whose costs the caller may read (their own; operators: all)."""
     return tenants_for(principal, Scope.BILLING_READ).filter(monthly_budget__isnull=False).order_by("slug")
+
+
+def past_degrade_threshold(*, now: datetime | None = None) -> set[int]:
+    """Tenants whose spend this month (of ``now``) reached their budget's degrade threshold: gateways send
+    their requests to the fallbacks their deployments declare, before the hard limit refuses them."""
+    period = (now or timezone.now()).strftime("%Y-%m")
+    alerts = BudgetAlert.objects.filter(
+        period=period, tenant__budget_degrade_at__isnull=False, threshold__gte=F("tenant__budget_degrade_at")
+    )
+    return set(alerts.values_list("tenant_id", flat=True))
 
 
 def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = None) -> set[int]:

@@ -90,6 +90,8 @@ def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecor
         client_request_id=_text(record, "client_request_id", 128),
         tenant_id=tenant_id,
         model_name=_text(record, "model_name", 100),
+        served_model_name=_text(record, "served_model_name", 100),
+        degraded=_degraded(record),
         region=_text(record, "region", 41),
         deployment_id=_whole(record, "deployment", 0, 2**63 - 1) or None,
         version=_text(record, "version", 200),
@@ -145,6 +147,13 @@ def _milliseconds(record: dict[str, Any], field: str) -> float | None:
     if not 0 <= number <= 86_400_000:  # also refuses NaN and infinity
         raise ValueError(f"{field} must be between 0 and 86400000")
     return number
+
+
+def _degraded(record: dict[str, Any]) -> str:
+    value = record.get("degraded") or ""
+    if value not in ("", *contract.DEGRADED_REASONS):
+        raise ValueError(f"degraded must be one of {', '.join(contract.DEGRADED_REASONS)}")
+    return str(value)
 
 
 def _track(record: dict[str, Any]) -> str:

@@ -31,6 +31,14 @@ class PlatformRole(models.TextChoices):
     AUDITOR = "auditor", "Auditor"
 
 
+class Priority(models.TextChoices):
+    """A request's class at the gateway when a model is saturated: batch is shed first, so interactive
+    traffic keeps its latency. The values are the wire's (gateway/contract.py PRIORITIES)."""
+
+    INTERACTIVE = "interactive", "Interactive"
+    BATCH = "batch", "Batch (shed first under load)"
+
+
 class TenantRole(models.TextChoices):
     ADMIN = "admin", "Tenant admin"
     DEVELOPER = "developer", "Developer"

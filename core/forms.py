@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 from django.conf import settings
 
-from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Scope, TenantRole, TenantStatus
+from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Priority, Scope, TenantRole, TenantStatus
 
 
 class TenantForm(forms.Form):
@@ -63,6 +63,12 @@ class TokenForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
     )
     expires_in_days = forms.IntegerField(min_value=1, max_value=3650, required=False, initial=90)
+    priority = forms.ChoiceField(
+        choices=Priority.choices,
+        initial=Priority.INTERACTIVE,
+        required=False,
+        help_text="For models:invoke tokens: batch requests are shed first when a model is saturated.",
+    )
     tenant = forms.ChoiceField(
         required=False,
         help_text="The one tenant the token acts in and is served for at the gateway (needed for "

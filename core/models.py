@@ -6,7 +6,7 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -16,6 +16,7 @@ from core.choices import (
     InvitationStatus,
     OperationStatus,
     PlatformRole,
+    Priority,
     TenantRole,
     TenantStatus,
 )
@@ -39,12 +40,18 @@ class Tenant(models.Model):
         max_digits=14, decimal_places=2, null=True, blank=True, validators=[MinValueValidator(0)]
     )
     budget_currency = models.CharField(max_length=3, default="USD")
-    # Enforced by every gateway process (per process: a fleet of N allows N times these).
+    # Enforced by the gateways: once for the whole fleet with a Redis (GATEWAY_REDIS_URL), else per process.
     requests_per_minute = models.PositiveIntegerField(null=True, blank=True)
     tokens_per_minute = models.PositiveIntegerField(null=True, blank=True)
+    concurrent_requests = models.PositiveIntegerField(null=True, blank=True)  # in flight at once
     # Budget alerts fire at these percentages of monthly_budget; a hard limit stops new requests at 100 %.
     budget_thresholds = models.JSONField(default=list, blank=True)  # percentages; empty: 50, 80, 100
     budget_hard_limit = models.BooleanField(default=False)
+    # Past this percentage of monthly_budget, gateways send requests to their models' fallbacks (degrade
+    # before the hard limit refuses them); null: never.
+    budget_degrade_at = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(1000)]
+    )
     budget_webhook = models.URLField(blank=True)
     revision = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
@@ -177,6 +184,8 @@ class ApiToken(models.Model):
     )
     tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.CASCADE, related_name="tokens")
     scopes = models.JSONField(default=list)
+    # The class of its requests at the gateway; a request may ask for a lower one (x-priority), never higher.
+    priority = models.CharField(max_length=16, choices=Priority.choices, default=Priority.INTERACTIVE)
     expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -16,7 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
 from core import forms, selectors
-from core.choices import AuditSource, Scope
+from core.choices import AuditSource, Priority, Scope
 from core.errors import ApplicationError, Forbidden, NotFound
 from core.models import Invitation
 from core.principal import Principal
@@ -267,6 +267,7 @@ def token_list(request: HttpRequest, p: Principal) -> HttpResponse:
                 service_account=robot,
                 tenant=selectors.tenant_get(p, data["tenant"], None) if data.get("tenant") else None,
                 expires_at=timezone.now() + timedelta(days=days) if days else None,
+                priority=data.get("priority") or Priority.INTERACTIVE,
             )
         except ApplicationError as exc:
             form.add_error(None, exc.message)

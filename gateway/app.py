@@ -15,8 +15,8 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
+from gateway.admission import Admission, request_priority
 from gateway.balancer import (
-    Ejections,
     answering,
     candidates,
     mirror_target,
@@ -25,12 +25,15 @@ from gateway.balancer import (
     split_track,
     track_of,
 )
+from gateway.breakers import Breakers, RetryBudget
 from gateway.config import RouteCache, Settings
+from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
-from gateway.limits import Limits
 from gateway.metering import Outcome, spent_tokens, usage_record
+from gateway.metrics import GatewayMetrics
 from gateway.mirror import MirrorCopy, Mirrors
+from gateway.prefix import PrefixIndex, prompt_blocks
 from gateway.reply import Reply
 from gateway.streaming import EventFilter
 from gateway.usage import UsageShipper
@@ -57,9 +60,17 @@ class Gateway:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.routes = RouteCache(settings)
-        self.limits = Limits()
-        self.ejections = Ejections(settings.ejection_seconds)
+        self.limits = FleetLimits(
+            settings.redis_url,
+            lease_seconds=settings.limit_lease_seconds,
+            retry_seconds=settings.redis_retry_seconds,
+        )
+        self.breakers = Breakers(settings.ejection_seconds, settings.max_ejection_seconds)
+        self.retries = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_floor)
+        self.admission = Admission(settings.max_in_flight_per_endpoint)
+        self.prefixes = PrefixIndex(settings.prefix_index_entries, settings.prefix_imbalance)
         self.usage = UsageShipper(settings)
+        self.metrics = GatewayMetrics()
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
@@ -74,7 +85,11 @@ class Gateway:
         self.routes.load_from_disk()
         self.usage.open()
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=60),
+            # Idle upstream connections are closed before the engine closes them (vLLM: after 5 s), so a
+            # request rarely takes one the engine is closing at that moment.
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=self.settings.upstream_keepalive_seconds
+            ),
             timeout=aiohttp.ClientTimeout(
                 total=None,
                 connect=self.settings.connect_timeout_seconds,
@@ -85,6 +100,7 @@ class Gateway:
         self.tasks = [
             asyncio.create_task(self.routes.follow(self.session)),
             asyncio.create_task(self.usage.ship_forever(self.session)),
+            asyncio.create_task(self.limits.renew_forever()),
         ]
 
     async def stop(self) -> None:
@@ -97,6 +113,7 @@ class Gateway:
                 await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
             self.usage.close()
             await self.session.close()
+        await self.limits.close()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -128,6 +145,7 @@ class Gateway:
                 "usage": self.usage.stats(),
                 "mirrors": self.mirrors.stats(),
                 "holds": self.holds.stats(),
+                "limits": self.limits.stats(),
             }
             return await reply.json(200, health)
         if path == "/metrics":
@@ -142,7 +160,8 @@ class Gateway:
             )
         if not self.routes.body:
             return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
-        tenant = self._authenticate(headers)
+        digest = bearer_digest(headers)
+        tenant = self.routes.tenant_of(digest, headers.get("openai-organization")) if digest else None
         if tenant is None:
             return await reply.error(
                 401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
@@ -155,6 +174,7 @@ class Gateway:
             body = await read_body(receive, headers, self.settings.max_body_bytes)
             payload = parse_payload(body, self.settings.max_json_depth)
             preview = preview_track(headers)
+            priority = request_priority(headers, self.routes.priority_of(digest or ""))
         except Refused as bad:
             return await reply.error(bad.status, bad.message, bad.code)
         name = payload["model"]
@@ -163,25 +183,96 @@ class Gateway:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
             )
-        if not route["endpoints"] and "activatable" not in route:
-            return await reply.error(
-                503, route.get("unavailable", "No region can serve this model."), "residency_unavailable"
-            )
-        if view.get("blocked"):
-            return await reply.error(429, f"{tenant}: {view['blocked']}.", "insufficient_quota")
-        refused = self.limits.admit(tenant, view.get("limits", {}))
+        route = self._degrade(reply, tenant, view, name, route, preview)
+        refusal = self._refusal(tenant, view, name, route, priority, preview)
+        if refusal is not None:
+            status, message, code, extra = refusal
+            return await reply.error(status, message, code, extra)
+        refused, ticket = await self.limits.admit(tenant, view.get("limits", {}), reply.request_id)
         if refused:
+            self.metrics.refuse(tenant, "rate_limit")
             return await reply.error(
                 429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
             )
-        held = None
-        if not route["endpoints"]:  # at zero: wait for it to wake (gateway/hold.py)
-            held = await self._hold(reply, tenant, name, headers, receive)
-            if held is None:
-                return
-            route, view = held.route, self.routes.view(tenant)
-        limits = view.get("limits", {})
-        await self._proxy(reply, tenant, name, route, path, payload, headers, limits, preview, held)
+        seen = Outcome()
+        try:
+            held = None
+            if not route["endpoints"]:  # at zero: wait for it to wake (gateway/hold.py)
+                held = await self._hold(reply, tenant, name, headers, receive)
+                if held is None:
+                    return
+                route, view = held.route, self.routes.view(tenant)
+            await self._proxy(
+                reply, tenant, name, route, path, payload, headers, preview, priority, seen, held
+            )
+        finally:
+            # Its place in the tenant's requests in flight is free, its tokens count against the minute.
+            await self.limits.finish(ticket, spent_tokens(seen))
+
+    def _degrade(
+        self,
+        reply: Reply,
+        tenant: str,
+        view: contract.TenantRoutes,
+        name: str,
+        route: contract.Route,
+        preview: str | None,
+    ) -> contract.Route:
+        """The route to serve: the model asked for, or its first fallback that can serve when it cannot
+        (no compliant endpoint: unavailable; saturated: capacity) or the tenant is past its budget's
+        degrade threshold (budget). A fallback is one of the tenant's own routes, whose endpoints the
+        control plane held to the tenant's residency like any other; none usable: the model asked for."""
+        fallbacks = route.get("fallbacks")
+        if not fallbacks:
+            return route
+        if not route["endpoints"] and "activatable" not in route:
+            reason = contract.UNAVAILABLE
+        elif view.get("degraded"):
+            reason = contract.BUDGET
+        elif self.admission.saturated(self._first_tier(route, preview)):
+            reason = contract.CAPACITY
+        else:
+            return route
+        for fallback in fallbacks:
+            other = view["models"].get(fallback)
+            if (
+                other
+                and other["endpoints"]
+                and not self.admission.saturated(self._first_tier(other, preview))
+            ):
+                reply.degraded, reply.served_name = reason, fallback
+                self.metrics.degrade(tenant, name, reason)
+                return other
+        return route
+
+    def _refusal(
+        self,
+        tenant: str,
+        view: contract.TenantRoutes,
+        name: str,
+        route: contract.Route,
+        priority: str,
+        preview: str | None,
+    ) -> tuple[int, str, str, dict[str, str] | None] | None:
+        """Why the request is refused before any limit is spent on it: no compliant region, a budget's
+        hard limit, or the model saturated for its class (status, message, code, extra headers)."""
+        if not route["endpoints"] and "activatable" not in route:
+            self.metrics.refuse(tenant, "unavailable")
+            return (
+                503,
+                route.get("unavailable", "No region can serve this model."),
+                "residency_unavailable",
+                None,
+            )
+        if view.get("blocked"):
+            self.metrics.refuse(tenant, "budget")
+            return 429, f"{tenant}: {view['blocked']}.", "insufficient_quota", None
+        shed = self.admission.shed(tenant, priority, self._first_tier(route, preview))
+        if shed:
+            self.metrics.refuse(tenant, "shed")
+            retry_after = {"retry-after": str(self.settings.shed_retry_after_seconds)}
+            return 503, f"The model '{name}' is saturated: {shed}.", "overloaded", retry_after
+        return None
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any
@@ -208,11 +299,14 @@ class Gateway:
         return held
 
     def _authenticate(self, headers: dict[str, str]) -> str | None:
-        auth = headers.get("authorization", "")
-        if not auth.lower().startswith("bearer "):
-            return None
-        digest = hashlib.sha256(auth[7:].strip().encode()).hexdigest()
-        return self.routes.tenant_of(digest, headers.get("openai-organization"))
+        digest = bearer_digest(headers)
+        return self.routes.tenant_of(digest, headers.get("openai-organization")) if digest else None
+
+    def _first_tier(self, route: contract.Route, preview: str | None) -> list[contract.Endpoint]:
+        """The endpoints a request's first attempt would choose from."""
+        return candidates(
+            answering(route["endpoints"], route.get("splits", {}), preview), self.breakers, set()
+        )
 
     async def _proxy(
         self,
@@ -223,8 +317,9 @@ class Gateway:
         path: str,
         payload: dict[str, Any],
         headers: dict[str, str],
-        limits: contract.TenantLimits,
         preview: str | None,
+        priority: str,
+        seen: Outcome,
         held: Held | None = None,
     ) -> None:
         assert self.session is not None
@@ -238,19 +333,29 @@ class Gateway:
         # A held request's latency is the client's: from the start of its hold, not from its release.
         started, wall = (held.since, held.wall) if held else (time.perf_counter(), datetime.now(UTC))
         tried = set[str]()
-        last_error = ""
+        last_error, reconnected = "", False
+        hashes = (
+            prompt_blocks(tenant, payload)
+            if self.settings.prefix_routing and path != "/v1/embeddings"
+            else []
+        )
         # Whatever happens from here on (an engine failing mid-stream, the client gone, a bug), the
         # request is metered once, in ``finally``, with the usage seen so far: N forwarded requests make
         # exactly N usage records.
-        seen = Outcome()
+        self.retries.requests += 1
         try:
             for attempt in range(1, self.settings.max_attempts + 1):
-                endpoint = self._choose(route, tried, affinity or reply.request_id, affinity, preview)
+                if attempt > 1 and not self.retries.allows_retry():
+                    last_error += "; no retry left in the gateway's retry budget"
+                    break
+                endpoint = self._choose(route, tried, affinity or reply.request_id, affinity, preview, hashes)
                 if endpoint is None:
                     break
                 tried.add(endpoint["url"])
                 seen.restart(endpoint, attempt)
                 self._address(payload, tenant, endpoint, path, client_salt)
+                self.retries.retries += attempt > 1
+                self.admission.start(endpoint, tenant)
                 try:
                     await self._forward(reply, endpoint, path, payload, stream, asked_for_usage, seen)
                 except (TimeoutError, aiohttp.ClientError, Upstream5xx) as exc:
@@ -260,10 +365,21 @@ class Gateway:
                         log.warning("upstream %s failed mid-response: %s", endpoint["url"], exc)
                         seen.status = 502
                         return
-                    self.ejections.eject(endpoint["url"])
                     last_error = f"{endpoint['region']}: {exc or type(exc).__name__}"
+                    if broken_connection(exc) and not reconnected:
+                        # Most likely a kept-alive connection the engine closed as this request took it
+                        # (vLLM closes idle ones after 5 s): nothing says the engine is down, so its
+                        # circuit stays closed, and the request tries again on a new connection.
+                        reconnected = True
+                        tried.discard(endpoint["url"])
+                        continue
+                    self._eject(endpoint, attempt, last_error)
                     preview = self._after_failure(endpoint, preview, seen)
                     continue
+                finally:
+                    self.retries.retries -= attempt > 1
+                    self.admission.end(endpoint, tenant)
+                self.breakers.success(endpoint["url"])
                 return
             seen.status = 502
             await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
@@ -271,8 +387,9 @@ class Gateway:
             seen.status = 499 if reply.client_gone else 502
             raise
         finally:
+            self.retries.requests -= 1
             if seen.endpoint is not None:
-                self._meter(reply, tenant, name, headers, limits, seen, started, wall, stream)
+                self._meter(reply, tenant, name, headers, priority, seen, started, wall, stream)
                 self._mirror(reply, tenant, name, route, path, payload, client_salt, seen, stream)
 
     def _choose(
@@ -282,14 +399,33 @@ class Gateway:
         split_key: str,
         affinity: str | None,
         preview: str | None,
+        hashes: list[bytes],
     ) -> contract.Endpoint | None:
-        """The endpoint for the next attempt: the tier, then the revision there, then the engine."""
+        """The endpoint for the next attempt: the tier, then the revision there, then the engine: a
+        session's own, else the one whose prefix cache likely holds the prompt, else by load."""
         splits = route.get("splits", {})
-        tier = candidates(answering(route["endpoints"], splits, preview), self.ejections, tried)
+        tier = candidates(answering(route["endpoints"], splits, preview), self.breakers, tried)
         if not tier:
             return None
-        track = split_track(tier, splits, split_key, preview)
-        return pick(on_track(tier, track), affinity)
+        pool = on_track(tier, split_track(tier, splits, split_key, preview))
+        if affinity is None and hashes and len(pool) > 1:
+            chosen = self.prefixes.prefer(pool, hashes, self.admission.at_endpoint) or pick(pool, None)
+            self.prefixes.remember(hashes, chosen["url"])  # requests in flight fill its cache too
+            return chosen
+        return pick(pool, affinity)
+
+    def _eject(self, endpoint: contract.Endpoint, attempt: int, error: str) -> None:
+        seconds = self.breakers.failure(endpoint["url"])
+        # Said once per ejection: who stops getting traffic from this process, and why, is what an
+        # operator (or a rollout whose step saw traffic on one side only) needs to see.
+        log.warning(
+            "upstream %s (%s) ejected for %.0f s after attempt %d: %s",
+            endpoint["url"],
+            track_of(endpoint),
+            seconds,
+            attempt,
+            error,
+        )
 
     def _after_failure(self, endpoint: contract.Endpoint, preview: str | None, seen: Outcome) -> str | None:
         """The revision the next attempt asks for: after a candidate failed, the stable one, so a failing
@@ -323,17 +459,13 @@ class Gateway:
         tenant: str,
         name: str,
         headers: dict[str, str],
-        limits: contract.TenantLimits,
+        priority: str,
         seen: Outcome,
         started: float,
         wall: datetime,
         stream: bool,
     ) -> None:
-        """The request's one usage record (and its tokens against the tenant's limits); never raises."""
-        try:
-            self.limits.spend_tokens(tenant, limits, spent_tokens(seen))
-        except Exception:  # the record matters more than the limiter
-            log.exception("could not count tokens against %s's limits", tenant)
+        """The request's one usage record; never raises."""
         assert seen.endpoint is not None
         record = usage_record(
             request_id=reply.request_id,
@@ -345,8 +477,11 @@ class Gateway:
             latency_ms=(time.perf_counter() - started) * 1e3,
             stream=stream,
             started_at=wall,
+            served_model_name=reply.served_name,
+            degraded=reply.degraded,
         )
         self.usage.record(record)
+        self.metrics.observe(record, priority)
 
     def _mirror(
         self,
@@ -448,7 +583,31 @@ class Gateway:
             + _exposition("gateway_mirrors_", self.mirrors.stats(), gauges={"in_flight"})
             + _exposition("gateway_rollout_", rollout, gauges=set())
             + _exposition("gateway_hold_", self.holds.stats(), gauges={"held_now"})
+            + _exposition("gateway_limits_", self.limits.stats(), gauges={"redis_configured", "redis_up"})
+            + _exposition("gateway_admission_", self.admission.stats(), gauges=set())
+            + _exposition("gateway_prefix_", self.prefixes.stats(), gauges={"entries"})
+            + _exposition("gateway_circuits_", self.breakers.stats(), gauges={"open", "half_open"})
+            + _exposition(
+                "gateway_retries_", self.retries.stats(), gauges={"requests_in_flight", "retries_in_flight"}
+            )
+            + self.metrics.text()
         )
+
+
+def bearer_digest(headers: dict[str, str]) -> str | None:
+    """The SHA-256 of the request's bearer token, as the route table's credentials are keyed."""
+    auth = headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        return None
+    return hashlib.sha256(auth[7:].strip().encode()).hexdigest()
+
+
+def broken_connection(exc: BaseException) -> bool:
+    """The connection broke before an answer (closed by the other side, a failed write), as opposed to no
+    connection at all (refused, unreachable), a timeout or a 5xx."""
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
+        exc, aiohttp.ClientConnectorError
+    )
 
 
 def client_request_id(headers: dict[str, str]) -> str:

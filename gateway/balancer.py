@@ -3,39 +3,20 @@ load with optional session affinity; and which candidate, if any, gets a shadow 
 
 import hashlib
 import random
-import time
 
 from gateway import contract
+from gateway.breakers import Breakers
 
 BUCKETS = 10_000  # a split's percent has two decimals of resolution: bucket < percent * 100
 
 
-class Ejections:
-    """Endpoints this process saw fail (connect error, 5xx before the first byte), skipped for a while."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.until = seconds, {}  # type: ignore[var-annotated]
-
-    def eject(self, url: str) -> None:
-        self.until[url] = time.monotonic() + self.seconds
-
-    def ejected(self, url: str) -> bool:
-        until = self.until.get(url)
-        if until is None:
-            return False
-        if until < time.monotonic():
-            del self.until[url]
-            return False
-        return True
-
-
 def candidates(
-    endpoints: list[contract.Endpoint], ejections: Ejections, tried: set[str]
+    endpoints: list[contract.Endpoint], breakers: Breakers, tried: set[str]
 ) -> list[contract.Endpoint]:
-    """The lowest-priority tier with endpoints left (not ejected here, not tried for this request)."""
-    left = [e for e in endpoints if e["url"] not in tried and not ejections.ejected(e["url"])]
+    """The lowest-priority tier with endpoints left (circuit not open here, not tried for this request)."""
+    left = [e for e in endpoints if e["url"] not in tried and not breakers.ejected(e["url"])]
     if not left:
-        # Every endpoint is ejected: try the untried ones anyway rather than refuse (they may have recovered).
+        # Every circuit is open: try the untried ones anyway rather than refuse (they may have recovered).
         left = [e for e in endpoints if e["url"] not in tried]
     if not left:
         return []

@@ -23,8 +23,19 @@ class Settings:
     long_poll_seconds: int = 25
     upstream_timeout_seconds: float = 600.0  # long generations: minutes, not Envoy's 15 s default
     connect_timeout_seconds: float = 2.0
+    upstream_keepalive_seconds: float = 4.0  # below the engines' own idle timeout (vLLM's is 5 s)
     max_attempts: int = 3
-    ejection_seconds: float = 30.0
+    ejection_seconds: float = 30.0  # an endpoint's circuit opens for this × times opened in a row
+    max_ejection_seconds: float = 300.0
+    retry_budget_ratio: float = 0.2  # retries in flight at most this share of the requests in flight
+    retry_budget_floor: int = 3  # ... or this many, whichever is more
+    max_in_flight_per_endpoint: int = (
+        0  # this process's requests at one engine that make it saturated; 0: off
+    )
+    shed_retry_after_seconds: int = 2  # Retry-After of a request shed while its model is saturated
+    prefix_routing: bool = True  # prefer the engine that last served the prompt's longest prefix
+    prefix_imbalance: int = 4  # ... unless it has this many more requests in flight than the least busy
+    prefix_index_entries: int = 100_000  # prefix hashes remembered (about 5 MB)
     max_body_bytes: int = 10 * 2**20  # a request body past this is refused (413) while it is read
     max_json_depth: int = 64  # arrays and objects nested deeper are refused (400)
     max_header_bytes: int = 64 * 2**10  # all request headers together; more is refused (431)
@@ -34,6 +45,9 @@ class Settings:
     mirror_timeout_seconds: float = 30.0  # a shadow copy's whole exchange, far below a client's 600 s
     hold_max_requests: int = 100  # requests held per (tenant, model) while its deployment wakes from zero
     hold_timeout_seconds: float = 600.0  # a held request still waiting after this gets 504
+    redis_url: str = ""  # limits shared by every gateway process (gateway/fleet_limits.py); '' per process
+    limit_lease_seconds: float = 60.0  # a place in flight a dead gateway held is free after this
+    redis_retry_seconds: float = 5.0  # after Redis failed, limits are per process this long
 
     def usage_dir(self) -> Path:
         if self.state_dir is not None:
@@ -52,6 +66,16 @@ class Settings:
             token=token,
             cache_file=Path(cache) if cache else None,
             upstream_timeout_seconds=float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")),
+            ejection_seconds=float(os.environ.get("GATEWAY_EJECTION_SECONDS", "30")),
+            max_ejection_seconds=float(os.environ.get("GATEWAY_MAX_EJECTION_SECONDS", "300")),
+            retry_budget_ratio=float(os.environ.get("GATEWAY_RETRY_BUDGET_RATIO", "0.2")),
+            retry_budget_floor=int(os.environ.get("GATEWAY_RETRY_BUDGET_FLOOR", "3")),
+            max_in_flight_per_endpoint=int(os.environ.get("GATEWAY_MAX_IN_FLIGHT_PER_ENDPOINT", "0")),
+            shed_retry_after_seconds=int(os.environ.get("GATEWAY_SHED_RETRY_AFTER_SECONDS", "2")),
+            prefix_routing=os.environ.get("GATEWAY_PREFIX_ROUTING", "1") != "0",
+            prefix_imbalance=int(os.environ.get("GATEWAY_PREFIX_IMBALANCE", "4")),
+            prefix_index_entries=int(os.environ.get("GATEWAY_PREFIX_INDEX_ENTRIES", "100000")),
+            upstream_keepalive_seconds=float(os.environ.get("GATEWAY_UPSTREAM_KEEPALIVE_SECONDS", "4")),
             long_poll_seconds=int(os.environ.get("GATEWAY_LONG_POLL_SECONDS", "25")),
             max_body_bytes=int(os.environ.get("GATEWAY_MAX_BODY_BYTES", str(10 * 2**20))),
             max_json_depth=int(os.environ.get("GATEWAY_MAX_JSON_DEPTH", "64")),
@@ -62,6 +86,9 @@ class Settings:
             mirror_timeout_seconds=float(os.environ.get("GATEWAY_MIRROR_TIMEOUT", "30")),
             hold_max_requests=int(os.environ.get("GATEWAY_HOLD_MAX_REQUESTS", "100")),
             hold_timeout_seconds=float(os.environ.get("GATEWAY_HOLD_TIMEOUT_SECONDS", "600")),
+            redis_url=os.environ.get("GATEWAY_REDIS_URL", ""),
+            limit_lease_seconds=float(os.environ.get("GATEWAY_LIMIT_LEASE_SECONDS", "60")),
+            redis_retry_seconds=float(os.environ.get("GATEWAY_REDIS_RETRY_SECONDS", "5")),
         )
 
 
@@ -111,6 +138,10 @@ class RouteCache:
         if len(tenants) != 1:
             return None
         return tenants[0] if requested in (None, "", tenants[0]) else None
+
+    def priority_of(self, digest: str) -> str | None:
+        credential = self.body.get("credentials", {}).get(digest)
+        return credential.get("priority") if credential else None
 
     def view(self, tenant: str) -> contract.TenantRoutes:
         return self.body.get("tenants", {}).get(tenant, {"limits": {}, "blocked": "", "models": {}})

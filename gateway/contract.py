@@ -18,6 +18,12 @@ STABLE, CANDIDATE = "stable", "candidate"
 # What a usage record says served the request: a revision, or a copy sent to the candidate (shadow),
 # which the client never saw and no tenant pays for.
 MIRROR = "mirror"
+# A request's class when a model is saturated, highest first: the lower ones are shed first.
+INTERACTIVE, BATCH = "interactive", "batch"
+PRIORITIES = (INTERACTIVE, BATCH)
+# Why a request was served by a fallback (the response's x-degraded, the usage record's ``degraded``).
+CAPACITY, BUDGET, UNAVAILABLE = "capacity", "budget", "unavailable"
+DEGRADED_REASONS = (CAPACITY, BUDGET, UNAVAILABLE)
 
 
 class Endpoint(TypedDict):
@@ -33,6 +39,9 @@ class Endpoint(TypedDict):
     artifact_sha256: str
     shared: bool  # a platform deployment serving every tenant: its prefix cache is salted per tenant
     track: NotRequired[str]  # STABLE or CANDIDATE; absent (an older control plane) means STABLE
+    # The engine is full: requests wait in its queue or its KV cache is nearly used up (vLLM's gauges, as
+    # the router last read them). Absent (an older control plane) means not saturated.
+    saturated: NotRequired[bool]
 
 
 class Split(TypedDict):
@@ -66,19 +75,22 @@ class Route(TypedDict):
     unavailable: NotRequired[str]
     splits: NotRequired[dict[str, Split]]
     activatable: NotRequired[Activatable]
+    fallbacks: NotRequired[list[str]]  # the tenant's other model names to try, in order (see gateway/app.py)
 
 
 class TenantLimits(TypedDict, total=False):
-    """A tenant's per-minute limits; a limit that is not set is absent."""
+    """A tenant's limits (per minute, and requests in flight at once); a limit that is not set is absent."""
 
     requests_per_minute: int
     tokens_per_minute: int
+    concurrent_requests: int
 
 
 class TenantRoutes(TypedDict):
     limits: TenantLimits
     blocked: str  # why every new request is refused (a budget's hard limit); '' when it is not
     models: dict[str, Route]
+    degraded: NotRequired[str]  # why requests go to fallbacks first (past the budget's degrade threshold)
 
 
 class Credential(TypedDict):
@@ -87,6 +99,7 @@ class Credential(TypedDict):
     tenants: list[str]
     token: str  # the token's prefix, to name it in logs
     expires: float | None  # a Unix timestamp
+    priority: NotRequired[str]  # its requests' class (PRIORITIES); absent means INTERACTIVE
 
 
 class RouteTable(TypedDict, total=False):
@@ -138,6 +151,8 @@ class UsageRecord(TypedDict):
     # Attempts at a rollout's candidate that failed before the first byte and were retried elsewhere: the
     # client never saw them, the rollout's analysis counts them as the candidate's errors.
     candidate_errors: NotRequired[int]
+    served_model_name: NotRequired[str]  # a fallback served it: its model name (model_name was asked for)
+    degraded: NotRequired[str]  # and why (DEGRADED_REASONS)
     started_at: str  # ISO 8601 with the offset
 
 

@@ -1,4 +1,8 @@
-"""Per-tenant limits on requests and tokens per minute (token buckets, per gateway process)."""
+"""Per-tenant limits on requests and tokens per minute and on requests in flight, per gateway process.
+
+These are the fallback: with a Redis configured (gateway/fleet_limits.py) the same limits hold across
+every gateway process, and these apply only while Redis cannot be reached.
+"""
 
 import time
 
@@ -32,9 +36,19 @@ class Bucket:
         self.level -= amount
 
 
+def refusal(kind: str, limits: contract.TenantLimits) -> str:
+    """What the client is told it hit: the same words whichever limiter decided."""
+    if kind == "tokens":
+        return f"tokens per minute ({limits.get('tokens_per_minute')})"
+    if kind == "requests":
+        return f"requests per minute ({limits.get('requests_per_minute')})"
+    return f"requests in flight ({limits.get('concurrent_requests')})"
+
+
 class Limits:
     def __init__(self) -> None:
         self.buckets: dict[tuple[str, str], Bucket] = {}
+        self.in_flight: dict[str, int] = {}
 
     def _bucket(self, tenant: str, kind: str, per_minute: int) -> Bucket:
         bucket = self.buckets.get((tenant, kind))
@@ -43,16 +57,27 @@ class Limits:
         return bucket
 
     def admit(self, tenant: str, limits: contract.TenantLimits) -> str:
-        """'' when the request may go, else which limit it hit."""
+        """'' when the request may go (it then holds one of the tenant's in-flight places until
+        ``finish``), else which limit it hit. Checked in the same order as the shared limiter."""
         tokens = limits.get("tokens_per_minute")
         if tokens and not self._bucket(tenant, "tokens", tokens).has_credit():
-            return f"tokens per minute ({tokens})"
+            return refusal("tokens", limits)
+        concurrent = limits.get("concurrent_requests")
+        if concurrent and self.in_flight.get(tenant, 0) >= concurrent:
+            return refusal("concurrent", limits)
         requests = limits.get("requests_per_minute")
         if requests and not self._bucket(tenant, "requests", requests).take(1):
-            return f"requests per minute ({requests})"
+            return refusal("requests", limits)
+        self.in_flight[tenant] = self.in_flight.get(tenant, 0) + 1
         return ""
 
-    def spend_tokens(self, tenant: str, limits: contract.TenantLimits, tokens: int) -> None:
+    def finish(self, tenant: str, limits: contract.TenantLimits, tokens: int) -> None:
+        """The request is done: its place is free, and its tokens count against the tenant's minute."""
+        left = self.in_flight.get(tenant, 0) - 1
+        if left > 0:
+            self.in_flight[tenant] = left
+        else:
+            self.in_flight.pop(tenant, None)
         per_minute = limits.get("tokens_per_minute")
-        if per_minute:
+        if per_minute and tokens:
             self._bucket(tenant, "tokens", per_minute).spend(tokens)

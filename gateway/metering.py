@@ -53,6 +53,8 @@ def usage_record(
     latency_ms: float,
     stream: bool,
     started_at: datetime,
+    served_model_name: str = "",
+    degraded: str = "",
 ) -> contract.UsageRecord:
     endpoint = outcome.endpoint
     assert endpoint is not None  # only an exchange that reached an endpoint is metered
@@ -77,6 +79,8 @@ def usage_record(
     }
     if outcome.candidate_errors:
         record["candidate_errors"] = outcome.candidate_errors
+    if degraded:
+        record["served_model_name"], record["degraded"] = served_model_name, degraded
     if outcome.ttft_ms is not None:  # absent, not 0, when no byte came: a 0 would flatter TTFT figures
         record["ttft_ms"] = round(outcome.ttft_ms, 2)
     return record

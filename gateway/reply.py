@@ -11,6 +11,8 @@ class Reply:
         self.send, self.request_id, self.started = send, request_id, False
         self.client_gone = False  # the server refused a send: the client disconnected
         self.held_ms: float | None = None  # how long the request waited for its deployment to wake
+        # Served by a fallback: why (x-degraded: capacity, budget, unavailable) and the model that served.
+        self.degraded, self.served_name = "", ""
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:
@@ -26,6 +28,8 @@ class Reply:
         headers += [(k.encode(), v.encode()) for k, v in extra.items()]
         if self.held_ms is not None:
             headers.append((b"x-held-ms", f"{self.held_ms:.0f}".encode()))
+        if self.degraded:
+            headers.append((b"x-degraded", self.degraded.encode()))
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
         await self._send({"type": "http.response.start", "status": status, "headers": headers})

@@ -107,6 +107,9 @@ class Deployment(models.Model):
     # A platform-run deployment of a catalog model that every tenant may call (residency still applies);
     # its GPU cost is split over the tenants by their tokens, the unused share is platform idle cost.
     shared = models.BooleanField(default=False)
+    # Other model names of the same caller, tried in order when this one cannot serve (no compliant
+    # endpoint, saturated, or the tenant past its budget's degrade threshold): routing/routes.py.
+    fallbacks = models.JSONField(default=list, blank=True)
     generation = models.PositiveIntegerField(default=1)
     created_by_name = models.CharField(max_length=200)
     created_at = models.DateTimeField(default=timezone.now)

@@ -65,6 +65,7 @@ class Placement:
     mirror_percent: int = 0  # the share of the region's requests copied to a candidate (shadow)
     activatable: bool = False  # at zero replicas because idle (not paused by hand): a request wakes it
     overflow_of: str = ""  # the region whose overflow this one takes (the autoscaler spilled here): its tier
+    fallbacks: tuple[str, ...] = ()  # the deployment's fallback model names, in order
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,18 @@ class TenantPolicy:
     home: tuple[float, float] | None = None  # the home region's location
     limits: contract.TenantLimits = field(default_factory=contract.TenantLimits)
     blocked: str = ""  # why gateways refuse every new request (a budget's hard limit)
+    degraded: str = ""  # why gateways send requests to fallbacks (past the budget's degrade threshold)
+
+
+# An engine with requests in its queue has every sequence slot (or KV block) taken; past this KV-cache use
+# the next long prompt will queue too.
+SATURATED_KV_CACHE = 0.95
+
+
+def saturated(endpoint: Endpoint) -> bool:
+    """The engine is full: what it is sent now waits. The gateways shed lower-priority requests to a
+    model whose endpoints are all saturated."""
+    return endpoint.waiting >= 1 or endpoint.kv_cache >= SATURATED_KV_CACHE
 
 
 def weight(endpoint: Endpoint) -> int:
@@ -171,6 +184,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
             "artifact_sha256": placement.artifact_sha256,
             "shared": placement.shared,
             "track": placement.track,
+            "saturated": saturated(endpoint),
         }
         for placement in eligible
         for endpoint in placement.endpoints
@@ -193,7 +207,24 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
         woken = _activatable(policy, mine)
         if woken is not None:
             entry["activatable"] = woken
+    fallbacks = next((p.fallbacks for p in mine if p.track == contract.STABLE), ())
+    if fallbacks:
+        entry["fallbacks"] = list(fallbacks)  # kept by route_table only where the tenant has them
     return entry
+
+
+def _with_fallbacks(models: dict[str, contract.Route]) -> dict[str, contract.Route]:
+    """Each route's fallbacks cut to names the same tenant has a route for: a fallback is only ever the
+    tenant's own route, whose endpoints this computation already held to the tenant's residency and the
+    fallback version's jurisdictions."""
+    for name, entry in models.items():
+        if "fallbacks" in entry:
+            kept = [f for f in entry["fallbacks"] if f in models and f != name]
+            if kept:
+                entry["fallbacks"] = kept
+            else:
+                del entry["fallbacks"]
+    return models
 
 
 def route_table(
@@ -203,13 +234,16 @@ def route_table(
     by_tenant: dict[str, dict[str, list[Placement]]] = {}
     for placement in placements:
         by_tenant.setdefault(placement.tenant, {}).setdefault(placement.name, []).append(placement)
-    return {
-        policy.slug: {
+    tables: dict[str, contract.TenantRoutes] = {}
+    for policy in sorted(policies, key=lambda p: p.slug):
+        models = {
+            name: route(policy, found) for name, found in sorted(by_tenant.get(policy.slug, {}).items())
+        }
+        tables[policy.slug] = {
             "limits": policy.limits.copy(),
             "blocked": policy.blocked,
-            "models": {
-                name: route(policy, found) for name, found in sorted(by_tenant.get(policy.slug, {}).items())
-            },
+            "models": _with_fallbacks(models),
         }
-        for policy in sorted(policies, key=lambda p: p.slug)
-    }
+        if policy.degraded:
+            tables[policy.slug]["degraded"] = policy.degraded
+    return tables

@@ -12,7 +12,7 @@ from django.utils.crypto import salted_hmac
 from artifacts.choices import ReplicaState
 from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
-from billing.selectors import over_budget
+from billing.selectors import over_budget, past_degrade_threshold
 from core.choices import AuditSource, Scope, TenantStatus
 from core.models import ApiToken, Tenant
 from core.principal import Principal
@@ -136,6 +136,7 @@ def _location(region: Region | None) -> tuple[float, float] | None:
 def policies(now: datetime | None = None) -> list[TenantPolicy]:
     regions = {r.code: r for r in Region.objects.all()}
     blocked = over_budget(now=now)
+    degraded = past_degrade_threshold(now=now)
     return [
         TenantPolicy(
             slug=tenant.slug,
@@ -148,18 +149,25 @@ def policies(now: datetime | None = None) -> list[TenantPolicy]:
                 if tenant.pk in blocked
                 else ""
             ),
+            degraded=(
+                f"budget: {tenant.budget_degrade_at} % of the monthly budget is spent"
+                if tenant.pk in degraded
+                else ""
+            ),
         )
         for tenant in Tenant.objects.filter(status=TenantStatus.ACTIVE)
     ]
 
 
 def _limits(tenant: Tenant) -> contract.TenantLimits:
-    """The tenant's per-minute limits; one not set (or zero) is left out."""
+    """The tenant's limits for the gateways; one not set (or zero) is left out."""
     limits: contract.TenantLimits = {}
     if tenant.requests_per_minute:
         limits["requests_per_minute"] = tenant.requests_per_minute
     if tenant.tokens_per_minute:
         limits["tokens_per_minute"] = tenant.tokens_per_minute
+    if tenant.concurrent_requests:
+        limits["concurrent_requests"] = tenant.concurrent_requests
     return limits
 
 
@@ -215,6 +223,7 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 mirror_percent=target.mirror_percent if candidate else 0,
                 activatable=_activatable(target),
                 overflow_of=target.overflow_of,
+                fallbacks=tuple(deployment.fallbacks),
             )
             for caller in callers
         ]
@@ -255,7 +264,12 @@ def credentials(now: datetime | None = None) -> dict[str, contract.Credential]:
         ]
         if tenants:
             expires = token.expires_at.timestamp() if token.expires_at else None
-            found[token.digest] = {"tenants": sorted(tenants), "token": token.prefix, "expires": expires}
+            found[token.digest] = {
+                "tenants": sorted(tenants),
+                "token": token.prefix,
+                "expires": expires,
+                "priority": token.priority,
+            }
     return found
 
 

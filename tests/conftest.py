@@ -17,6 +17,7 @@ from tests.support.factories import MembershipFactory, ServiceAccountFactory, Te
 from tests.support.principals import World, mint, principal
 from tests.support.processes import child_env
 from tests.support.prometheus import prometheus  # noqa: F401  (a fixture)
+from tests.support.redis import redis_url  # noqa: F401  (a fixture)
 from tests.support.regions import make_region, tiny_model_dir  # noqa: F401  (fixtures of every capability)
 from tests.support.registry import POLICY
 from tests.support.tiers import is_unit

@@ -6,7 +6,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.api.conventions import StrictSerializer
-from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, TenantRole, TenantStatus
+from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Priority, TenantRole, TenantStatus
 from core.models import (
     ApiToken,
     AuditEvent,
@@ -51,9 +51,13 @@ class TenantWriteSerializer(StrictSerializer):
         child=serializers.IntegerField(min_value=1, max_value=1000), required=False, max_length=10
     )
     budget_hard_limit = serializers.BooleanField(required=False)
+    budget_degrade_at = serializers.IntegerField(min_value=1, max_value=1000, required=False, allow_null=True)
     budget_webhook = URLOrBlankField(required=False, allow_blank=True)
     requests_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     tokens_per_minute = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    concurrent_requests = serializers.IntegerField(
+        min_value=1, max_value=1_000_000, required=False, allow_null=True
+    )
 
 
 class TenantUpdateSerializer(TenantWriteSerializer):
@@ -158,6 +162,7 @@ class TokenSerializer(serializers.ModelSerializer):
             "owner",
             "tenant",
             "scopes",
+            "priority",
             "expires_at",
             "last_used_at",
             "revoked_at",
@@ -181,6 +186,11 @@ class TokenCreateSerializer(StrictSerializer):
     service_account = serializers.IntegerField(required=False, allow_null=True, min_value=1)
     tenant = serializers.SlugField(
         max_length=50, required=False, help_text="Bind the token to this tenant (required with models:invoke)"
+    )
+    priority = serializers.ChoiceField(
+        Priority.choices,
+        required=False,
+        help_text="The class of its requests at the gateway: batch is shed first when a model is saturated",
     )
 
 

@@ -26,9 +26,11 @@ TENANT_FIELDS = (
     "budget_currency",
     "budget_thresholds",
     "budget_hard_limit",
+    "budget_degrade_at",
     "budget_webhook",
     "requests_per_minute",
     "tokens_per_minute",
+    "concurrent_requests",
 )
 EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
 

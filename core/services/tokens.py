@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from core.choices import ALL_SCOPES, PLATFORM_ROLE_SCOPES, TENANT_ROLE_SCOPES, Scope
+from core.choices import ALL_SCOPES, PLATFORM_ROLE_SCOPES, TENANT_ROLE_SCOPES, Priority, Scope
 from core.errors import Conflict, Forbidden, ValidationFailed
 from core.models import ApiToken, ServiceAccount, Tenant
 from core.principal import Principal
@@ -115,12 +115,18 @@ def token_create(
     expires_at: datetime | None = None,
     service_account: ServiceAccount | None = None,
     tenant: Tenant | None = None,
+    priority: str = Priority.INTERACTIVE,
 ) -> tuple[ApiToken, str]:
-    """Mint a token; the secret is returned here once and never stored. ``tenant`` binds it."""
+    """Mint a token; the secret is returned here once and never stored. ``tenant`` binds it; ``priority``
+    is the class of its requests at the gateway."""
     tenant = token_binding(actor=actor, robot=service_account, tenant=tenant, scopes=scopes)
     granted = _check_scopes(scopes, _check_owner(actor, service_account, tenant))
     if not name or len(name) > 100:
         raise ValidationFailed("A token needs a name of 1 to 100 characters.", detail={"name": ["Invalid."]})
+    if priority not in Priority.values:
+        raise ValidationFailed(
+            f"priority must be one of {', '.join(Priority.values)}.", detail={"priority": ["Invalid."]}
+        )
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationFailed("expires_at must be in the future.", detail={"expires_at": ["In the past."]})
     prefix = secrets.token_hex(4)
@@ -131,6 +137,7 @@ def token_create(
         digest=token_digest(raw),
         scopes=granted,
         expires_at=expires_at,
+        priority=priority,
         user=actor.user if service_account is None else None,
         service_account=service_account,
         tenant=tenant,

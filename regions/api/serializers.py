@@ -136,6 +136,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "gpu_count",
             "engine_overrides",
             "shared",
+            "fallbacks",
             "state",
             "generation",
             "created_by_name",
@@ -174,3 +175,12 @@ class DeploymentWriteSerializer(StrictSerializer):
 
 class ScaleSerializer(StrictSerializer):
     replicas = serializers.IntegerField(min_value=0, max_value=64)
+
+
+class FallbacksSerializer(StrictSerializer):
+    fallbacks = serializers.ListField(
+        child=serializers.SlugField(max_length=40),
+        max_length=5,
+        allow_empty=True,
+        help_text="Other model names of the same tenant, tried in order when this one cannot serve",
+    )

@@ -13,6 +13,7 @@ urlpatterns = [
     path("deployments/placement/", views.PlacementView.as_view(), name="placement"),
     path(DEPLOYMENT, views.DeploymentDetailView.as_view(), name="deployment"),
     path(DEPLOYMENT + "scale/", views.DeploymentScaleView.as_view(), name="scale"),
+    path(DEPLOYMENT + "fallbacks/", views.DeploymentFallbacksView.as_view(), name="fallbacks"),
     path(DEPLOYMENT + "events/", views.DeploymentEventsView.as_view(), name="events"),
     path(DEPLOYMENT + "manifest/", views.DeploymentManifestView.as_view(), name="manifest"),
 ]

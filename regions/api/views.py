@@ -122,6 +122,21 @@ class DeploymentScaleView(DeploymentScoped):
         return Response(s.DeploymentSerializer(deployment).data)
 
 
+class DeploymentFallbacksView(DeploymentScoped):
+    @extend_schema(request=s.FallbacksSerializer, responses={200: s.DeploymentSerializer, **ERRORS})
+    @idempotent
+    def put(self, request: Request, owner: str, name: str) -> Response:
+        """Set the model names tried, in order, when this one cannot serve (docs/routing.md, fallbacks)."""
+        data = s.FallbacksSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = deployments.deployment_set_fallbacks(
+            actor=self.principal,
+            deployment=self.deployment(owner, name),
+            fallbacks=data.validated_data["fallbacks"],
+        )
+        return Response(s.DeploymentSerializer(deployment).data)
+
+
 class DeploymentEventsView(DeploymentScoped):
     @extend_schema(responses={200: s.EventSerializer(many=True), **ERRORS})
     def get(self, request: Request, owner: str, name: str) -> Response:

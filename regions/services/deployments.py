@@ -172,6 +172,50 @@ def deployment_scale(*, actor: Principal, deployment: Deployment, replicas: int)
     return deployment
 
 
+MAX_FALLBACKS = 5
+
+
+def deployment_set_fallbacks(*, actor: Principal, deployment: Deployment, fallbacks: list[str]) -> Deployment:
+    """The model names tried, in order, when this deployment cannot serve a request. Each is another
+    deployment (or shared model) name of the same caller; the gateway uses one only where the route
+    table gives it compliant endpoints for that tenant, so a fallback never crosses residency."""
+    actor.require(Scope.DEPLOYMENTS_WRITE, deployment.owner_id)
+    names = _fallback_names(deployment, fallbacks)
+    with transaction.atomic():
+        before = list(deployment.fallbacks)
+        Deployment.objects.filter(pk=deployment.pk).update(fallbacks=names, updated_at=timezone.now())
+        deployment.refresh_from_db()
+        audit_record(
+            actor=actor,
+            action="deployment.fallbacks_set",
+            target=deployment,
+            tenant=deployment.owner,
+            before={"fallbacks": before},
+            after={"fallbacks": names},
+        )
+        _event(deployment, "fallbacks", f"fallbacks: {', '.join(names) or 'none'}")
+    return deployment
+
+
+def _fallback_names(deployment: Deployment, fallbacks: list[str]) -> list[str]:
+    if len(fallbacks) > MAX_FALLBACKS:
+        raise ValidationFailed(f"At most {MAX_FALLBACKS} fallbacks.", detail={"fallbacks": ["Too many."]})
+    if len(set(fallbacks)) != len(fallbacks) or deployment.name in fallbacks:
+        raise ValidationFailed(
+            "Fallbacks are other model names, each once.", detail={"fallbacks": ["Repeated or itself."]}
+        )
+    live = Deployment.objects.exclude(state=DeploymentState.DELETED)
+    known = set(live.filter(owner=deployment.owner, name__in=fallbacks).values_list("name", flat=True))
+    known |= set(live.filter(shared=True, name__in=fallbacks).values_list("name", flat=True))
+    unknown = [name for name in fallbacks if name not in known]
+    if unknown:
+        raise ValidationFailed(
+            f"No deployment named {', '.join(unknown)} serves {deployment.owner.slug}.",
+            detail={"fallbacks": ["Unknown."]},
+        )
+    return list(fallbacks)
+
+
 def targets_scale(
     *,
     actor: Principal,

@@ -7,9 +7,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import redis
 import requests
 
 from billing.models import UsageRecord
+from gateway.fleet_limits import keys
 from routing import health, services
 from routing.models import RouteTable, RoutingEvent
 from tests.support.gateway import Gateway, chat, kill_engines
@@ -167,6 +169,27 @@ def test_rate_limits_per_tenant_on_requests_and_tokens(world, fleet):
     assert first.status_code == 200 and first.json()["usage"]["total_tokens"] > 10
     refused = chat(fleet["gateway"], fleet["tokens"]["alice"])
     assert refused.status_code == 429 and "tokens per minute (10)" in refused.json()["error"]["message"]
+
+
+def test_two_gateway_processes_sharing_redis_give_a_tenant_its_limit_once(world, fleet, redis_url, tmp_path):
+    redis.Redis.from_url(redis_url).delete(*keys("acme"))  # no bucket left over from an earlier test
+    world.tenant_a.requests_per_minute = 4
+    world.tenant_a.save()
+    generation = services.publish().generation
+    shared = {"GATEWAY_REDIS_URL": redis_url}
+    live, token = fleet["live"].url, fleet["gateway_token"]
+    pair = [
+        Gateway(live, token, tmp_path / f"routes-{n}.json", tmp_path / f"gw-{n}.log", **shared)
+        for n in (1, 2)
+    ]
+    try:
+        wait_for(lambda: all(g.generation() == generation for g in pair), timeout=10)
+        codes = [chat(pair[n % 2], fleet["tokens"]["alice"]).status_code for n in range(8)]
+        assert sorted(codes) == [200] * 4 + [429] * 4, codes  # 4 between them, not 4 each
+        assert all(g.health()["limits"]["shared_decisions"] == 4 for g in pair)
+    finally:
+        for gateway in pair:
+            gateway.stop()
 
 
 def test_a_spent_budget_with_a_hard_limit_stops_new_requests_at_the_gateway(world, fleet):

@@ -313,7 +313,7 @@ def test_mirror_copies_are_not_counted_against_the_tenants_limits(gw):
     gw.settle()
     assert metric(gw, "gateway_mirrors_sent_total") == 3
     # The client's 30,000 tokens were spent (plus a second or so of refill); the copies' would make 60,000.
-    assert 65_000 < gw.gateway.limits.buckets[("acme", "tokens")].level < 80_000
+    assert 65_000 < gw.gateway.limits.local.buckets[("acme", "tokens")].level < 80_000
     assert gw.chat().status == 429  # the fourth request: three were admitted, no copy took a request's place
 
 

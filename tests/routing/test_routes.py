@@ -319,3 +319,63 @@ def test_a_region_taking_anothers_overflow_shares_its_tier_while_that_one_serves
         "eu-central-1": 0,
         "eu-north-1": 1,
     }
+
+
+@st.composite
+def fallback_worlds(draw):  # type: ignore[no-untyped-def]
+    """Every tenant may run `chat` (falling back to `small`, then to a name nobody runs) and `small`,
+    each in random regions with its own version's jurisdictions; shared deployments of either name too."""
+    tenants, placements = draw(worlds())
+    more = []
+    for placement in placements:
+        name = draw(st.sampled_from(["chat", "small"]))
+        allowed = frozenset(draw(st.sets(st.sampled_from(JURISDICTIONS), max_size=4)))
+        fallbacks = ("small", "ghost") if name == "chat" else ("chat",)
+        more.append(replace(placement, name=name, allowed_jurisdictions=allowed, fallbacks=fallbacks))
+    return tenants, more
+
+
+@given(fallback_worlds())
+def test_a_fallback_is_only_ever_the_tenants_own_route_held_to_its_residency(world):  # type: ignore[no-untyped-def]
+    tenants, placements = world
+    table = route_table(tenants, placements)
+    where = {(p.tenant, p.name, p.region): p for p in placements}
+    for tenant in tenants:
+        models = table[tenant.slug]["models"]
+        for name, entry in models.items():
+            for fallback in entry.get("fallbacks", []):
+                assert fallback in models and fallback != name  # never a name the tenant has no route for
+                for endpoint in models[fallback]["endpoints"]:
+                    placement = where[(tenant.slug, fallback, endpoint["region"])]
+                    assert placement.jurisdiction in tenant.residency
+                    assert placement.jurisdiction in placement.allowed_jurisdictions
+            assert "ghost" not in entry.get("fallbacks", [])
+
+
+def test_fallbacks_are_published_in_order_without_unknown_names():
+    policy = TenantPolicy("t", frozenset({"EU"}))
+    base = Placement(
+        tenant="t",
+        name="chat",
+        deployment_id=1,
+        version="m@1",
+        served_model="m",
+        artifact_sha256="",
+        allowed_jurisdictions=frozenset({"EU"}),
+        region="eu-west-1",
+        jurisdiction="EU",
+        region_active=True,
+        ready=True,
+        weights_verified=True,
+        endpoints=(Endpoint("http://e"),),
+        fallbacks=("tiny", "ghost", "small"),
+    )
+    placements = [
+        base,
+        replace(base, name="small", fallbacks=()),
+        replace(base, name="tiny", fallbacks=("chat",)),
+    ]
+    models = route_table([policy], placements)["t"]["models"]
+    assert models["chat"]["fallbacks"] == ["tiny", "small"]
+    assert "fallbacks" not in models["small"]
+    assert models["tiny"]["fallbacks"] == ["chat"]

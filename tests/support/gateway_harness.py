@@ -75,6 +75,7 @@ class FakeEngine:
     fail_status: int = 0  # answer every request with this status (a 5xx: a failing engine)
     delay: float = 0.0  # seconds to think before answering (a slow engine)
     hold: threading.Event | None = None  # answer only once this is set (an engine stuck until released)
+    drop: int = 0  # close the connection unanswered this many times (as a closing kept-alive one looks)
 
     def start(self) -> "FakeEngine":
         self.url, self.server = serve(self.answer)
@@ -84,6 +85,10 @@ class FakeEngine:
         payload = json.loads(body)
         self.seen.append({"body": payload, "headers": dict(handler.headers)})
         usage = self.usage or {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+        if self.drop > 0:
+            self.drop -= 1
+            handler.close_connection = True
+            return
         if self.hold is not None:
             self.hold.wait(timeout=60)
         if self.delay:

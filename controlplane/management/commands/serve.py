@@ -90,6 +90,8 @@ class Command(BaseCommand):
             "CONTROL_PLANE_URL": f"http://{self._bind}",
             "GATEWAY_TOKEN_FILE": str(settings.VAR_DIR / "tokens" / "gateway"),
             "GATEWAY_CACHE_FILE": str(settings.VAR_DIR / "gateway-routes.json"),
+            # With a Redis, tenants' limits hold once for the gateway's processes (docs/routing.md).
+            "GATEWAY_REDIS_URL": os.environ.get("GATEWAY_REDIS_URL", settings.REDIS_URL or ""),
             "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "controlplane.settings"),
         }
 

@@ -1,0 +1,149 @@
+"""A tenant's limits held once for every gateway process, in a real Redis: two limiters (two processes, as
+far as Redis can tell) admit a tenant's limit once between them, not once each; places in flight are
+freed when requests end or their lease runs out; Redis down means per-process limits, never a failure."""
+
+import asyncio
+import time
+
+import pytest
+
+from gateway.fleet_limits import FleetLimits, keys
+from tests.support.redis import fresh_tenant
+
+
+def run(coroutine):  # type: ignore[no-untyped-def]
+    return asyncio.run(coroutine)
+
+
+async def both(url: str, **options: float) -> tuple[FleetLimits, FleetLimits]:
+    return FleetLimits(url, **options), FleetLimits(url, **options)
+
+
+def test_two_processes_admit_a_tenants_requests_per_minute_once_between_them(redis_url):
+    tenant, limits = fresh_tenant(), {"requests_per_minute": 5}
+
+    async def story() -> list[str]:
+        one, two = await both(redis_url)
+        said = []
+        for n in range(10):
+            refused, ticket = await (one if n % 2 else two).admit(tenant, limits, f"r{n}")
+            said.append(refused)
+            await (one if n % 2 else two).finish(ticket, 0)
+        await one.close(), await two.close()
+        return said
+
+    said = run(story())
+    assert said[:5] == [""] * 5
+    assert said[5:] == ["requests per minute (5)"] * 5
+
+
+def test_tokens_spent_through_one_process_are_refused_by_the_other(redis_url):
+    tenant, limits = fresh_tenant(), {"tokens_per_minute": 100}
+
+    async def story() -> tuple[str, str]:
+        one, two = await both(redis_url)
+        refused, ticket = await one.admit(tenant, limits, "a")
+        await one.finish(ticket, 150)  # the answer was longer than the minute's tokens
+        after, _ = await two.admit(tenant, limits, "b")
+        await one.close(), await two.close()
+        return refused, after
+
+    assert run(story()) == ("", "tokens per minute (100)")
+
+
+def test_requests_in_flight_are_counted_across_processes_and_freed_when_they_end(redis_url):
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 2}
+
+    async def story() -> list[str]:
+        one, two = await both(redis_url)
+        _, first = await one.admit(tenant, limits, "a")
+        _, second = await two.admit(tenant, limits, "b")
+        full, _ = await one.admit(tenant, limits, "c")
+        await two.finish(second, 0)
+        again, third = await one.admit(tenant, limits, "d")
+        await one.finish(first, 0), await one.finish(third, 0)
+        await one.close(), await two.close()
+        return [full, again]
+
+    assert run(story()) == ["requests in flight (2)", ""]
+
+
+def test_a_place_held_by_a_gateway_that_died_is_free_after_its_lease(redis_url):
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 1}
+
+    async def story() -> tuple[str, str]:
+        dead, alive = await both(redis_url, lease_seconds=1)
+        await dead.admit(tenant, limits, "a")  # never finished, never renewed: its process is gone
+        full, _ = await alive.admit(tenant, limits, "b")
+        await asyncio.sleep(1.5)
+        freed, _ = await alive.admit(tenant, limits, "c")
+        await dead.close(), await alive.close()
+        return full, freed
+
+    assert run(story()) == ("requests in flight (1)", "")
+
+
+def test_a_running_request_whose_gateway_renews_it_keeps_its_place_past_the_lease(redis_url):
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 1}
+
+    async def story() -> str:
+        running, other = await both(redis_url, lease_seconds=2)
+        await running.admit(tenant, limits, "a")
+        for _ in range(8):  # 4 s, twice the lease, renewed every half second
+            await asyncio.sleep(0.5)
+            await running.renew_once()
+        kept, _ = await other.admit(tenant, limits, "b")
+        await running.close(), await other.close()
+        return kept
+
+    assert run(story()) == "requests in flight (1)"
+
+
+def test_a_tenant_without_limits_costs_no_redis_call(redis_url):
+    async def story() -> tuple[object, dict[str, int]]:
+        limiter = FleetLimits(redis_url)
+        refused, ticket = await limiter.admit(fresh_tenant(), {}, "a")
+        await limiter.close()
+        return (refused, ticket), limiter.stats()
+
+    decided, stats = run(story())
+    assert decided == ("", None)
+    assert stats["shared_decisions"] == stats["local_decisions"] == 0
+
+
+def test_redis_down_falls_back_to_this_processes_limits_without_failing_a_request():
+    tenant, limits = fresh_tenant(), {"requests_per_minute": 2, "concurrent_requests": 5}
+
+    async def story() -> tuple[list[str], dict[str, int], float]:
+        limiter = FleetLimits("redis://127.0.0.1:9/0", retry_seconds=60)  # nothing listens there
+        said = []
+        started = time.perf_counter()
+        for n in range(3):
+            refused, ticket = await limiter.admit(tenant, limits, f"r{n}")
+            said.append(refused)
+            await limiter.finish(ticket, 0)
+        await limiter.close()
+        return said, limiter.stats(), time.perf_counter() - started
+
+    said, stats, _ = run(story())
+    assert said == ["", "", "requests per minute (2)"]  # this process's own bucket decides
+    assert stats["redis_errors"] == 1  # tried once, then not again within retry_seconds
+    assert stats["local_decisions"] == 3 and stats["redis_up"] == 0
+
+
+def test_keys_of_a_tenant_share_one_cluster_slot():
+    assert all("{acme}" in key for key in keys("acme"))
+
+
+@pytest.mark.parametrize("tenant", ["a:b", "x}{y", "ünï"])
+def test_odd_tenant_names_are_their_own_keys(redis_url, tenant):
+    limits = {"requests_per_minute": 1}
+
+    async def story() -> list[str]:
+        limiter = FleetLimits(redis_url)
+        name = fresh_tenant() + tenant
+        said = [(await limiter.admit(name, limits, str(n)))[0] for n in range(2)]
+        await limiter.close()
+        return said
+
+    assert run(story()) == ["", "requests per minute (1)"]

@@ -1,0 +1,64 @@
+"""The gateway's /metrics: what it served (requests by status, latency and TTFT histograms, tokens) by
+tenant, model, region and version, and what it refused; the whole page is valid Prometheus text."""
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.gateway_harness import GatewayWorld
+
+
+@pytest.fixture
+def gw(tmp_path):  # type: ignore[no-untyped-def]
+    world = GatewayWorld(tmp_path)
+    yield world
+    world.close()
+
+
+def samples(gw: GatewayWorld) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    page = gw.call("GET", "/metrics", tenant=None)
+    assert page.status == 200
+    families = list(text_string_to_metric_families(page.body.decode()))  # raises on invalid text
+    return {(s.name, frozenset(s.labels.items())): s.value for f in families for s in f.samples}
+
+
+def test_served_requests_are_counted_timed_and_their_tokens_added_by_tenant_and_version(gw):
+    assert gw.chat().status == 200
+    assert gw.chat(stream=True).status == 200
+    assert gw.chat(tenant="globex", model="shared").status == 200
+    seen = samples(gw)
+    acme = {"tenant": "acme", "model": "chat", "region": "eu-west-1", "version": "m@1"}
+    labels = frozenset({**acme, "priority": "interactive", "track": "stable", "code": "200"}.items())
+    assert seen[("gateway_requests_total", labels)] == 2
+    assert seen[("gateway_request_duration_seconds_count", frozenset(acme.items()))] == 2
+    assert seen[("gateway_time_to_first_token_seconds_count", frozenset(acme.items()))] == 2
+    assert seen[("gateway_tokens_total", frozenset({**acme, "kind": "completion"}.items()))] == 4
+    globex = [k for k in seen if k[0] == "gateway_requests_total" and ("tenant", "globex") in k[1]]
+    assert len(globex) == 1 and seen[globex[0]] == 1
+
+
+def test_refusals_are_counted_by_reason_and_never_reach_an_engine(gw):
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {"requests_per_minute": 1}
+    assert gw.chat().status == 200
+    assert gw.chat().status == 429
+    gw.gateway.routes.body["tenants"]["acme"]["blocked"] = "monthly budget spent"
+    assert gw.chat().status == 429
+    seen = samples(gw)
+    assert (
+        seen[
+            ("gateway_refused_requests_total", frozenset({"tenant": "acme", "reason": "rate_limit"}.items()))
+        ]
+        == 1
+    )
+    assert (
+        seen[("gateway_refused_requests_total", frozenset({"tenant": "acme", "reason": "budget"}.items()))]
+        == 1
+    )
+    assert len(gw.engine.seen) == 1
+    assert seen[("gateway_limits_local_decisions_total", frozenset())] == 2  # no Redis here: per process
+
+
+def test_a_client_cannot_add_labels(gw):
+    """Model names a tenant does not have are 404 before anything is counted with their name."""
+    for n in range(20):
+        assert gw.chat(model=f"made-up-{n}").status == 404
+    assert not [k for k in samples(gw) if any(v.startswith("made-up") for _, v in k[1])]
