@@ -1,15 +1,25 @@
-"""A tenant's limits held once for the whole fleet of gateway processes, in Redis.
+"""A tenant's limits held once for the whole fleet of gateway processes, in Redis, without a Redis call on
+most requests.
 
 Without it, every gateway process keeps its own buckets, and N processes let a tenant through N times its
-limit. Here each request's admission is one Lua script in Redis, atomic across processes and hosts:
+limit. Here the limits live in Redis and each process takes **allowances** from them in chunks, then
+spends them locally (quota leasing, as Doorman and Envoy's global rate limiting with local quota do):
 
-- requests and tokens per minute are token buckets (the same shape as the per-process ones: a full
-  minute's worth to start, refilled continuously), timed by Redis's own clock, so gateway hosts whose
-  clocks differ still share one minute;
-- requests in flight are a sorted set of request ids per tenant, each with a lease: a gateway renews the
-  leases of its requests while they run and removes them when they end, so a gateway that dies frees its
-  places within one lease;
-- a tenant with no limit set costs no Redis call at all.
+- Requests and tokens per minute are token buckets in Redis (a full minute's worth to start, refilled
+  continuously, timed by Redis's own clock so hosts whose clocks differ share one minute). A process takes
+  a chunk (1 % of the limit, at least 1) when its own allowance is used up, and admits from it until it is
+  gone; what it has not used within a second it hands back, so a quiet process neither saves up a burst
+  nor keeps a share another process could use.
+  Tokens are known only when a request ends: they are spent from the process's allowance, which may go
+  below zero, and the debt is charged to Redis with the next chunk (or within a second).
+- Requests in flight are places: Redis counts the places each gateway process holds, under a lease the
+  process renews every third of it; a process reserves a chunk when it needs one and gives back what it
+  does not use, so a gateway that dies frees its places within one lease.
+- Every grant comes out of one Lua script, atomic across processes: together the processes never hold
+  more than the limit, so the fleet admits a tenant's limit once. The price is that an allowance
+  stranded in one process (at most a chunk) is not available to another for that second. A limit under
+  100 has chunks of 1, so small limits are exact: every request asks Redis.
+- A tenant with no limit set costs nothing at all.
 
 Redis down, slow or refusing never fails a request: the gateway decides with its own per-process limits
 (gateway/limits.py) and tries Redis again a few seconds later, logging each change and counting every
@@ -19,6 +29,9 @@ decision it took alone.
 import asyncio
 import contextlib
 import logging
+import math
+import os
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -31,68 +44,134 @@ from gateway import contract
 from gateway.limits import Limits, refusal
 
 log = logging.getLogger("gateway")
-KINDS = {1: "tokens", 2: "requests", 3: "concurrent"}
+CHUNK_SHARE = 0.01  # of a limit, taken at once by a process
+ALLOWANCE_SECONDS = 1.0  # an allowance not spent within this is handed back
 
-_LEVEL = """
+# A bucket in Redis: its level refilled up to ``cap`` per minute since it was last written, less ``debt``
+# (tokens spent past an allowance; negative: an allowance handed back unused), never above ``cap``.
+_BUCKET = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function level(key, cap)
+local function settle(key, cap, debt)
   local b = redis.call('HMGET', key, 'level', 'at')
-  local l = tonumber(b[1]) or cap
+  local level = tonumber(b[1]) or cap
   local at = tonumber(b[2]) or now
-  return math.min(cap, l + math.max(0, now - at) * cap / 60)
+  return math.min(cap, math.min(cap, level + math.max(0, now - at) * cap / 60) - debt)
+end
+local function store(key, level)
+  redis.call('HSET', key, 'level', level, 'at', now)
+  redis.call('EXPIRE', key, 120)
 end
 """
-# KEYS: tokens bucket, requests bucket, in-flight set. ARGV: tokens/min, requests/min, places (0: no
-# limit), request id, lease seconds. 0 admits; 1, 2, 3 name the limit hit (tokens, requests, in flight).
+# KEYS: tokens bucket, requests bucket, places held (hash: process → count), leases (zset: process →
+# until). ARGV: tokens/min, tokens debt, tokens wanted, requests/min, requests debt, requests wanted,
+# places limit, places wanted, process, lease seconds. Returns the grants: {tokens, requests, places}.
 ADMIT = (
-    _LEVEL
+    _BUCKET
     + """
-local tpm, rpm, places = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-if tpm > 0 and level(KEYS[1], tpm) <= 0 then return 1 end
-if places > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= places then return 3 end
+local function take(key, cap, debt, want)
+  if cap <= 0 or (want <= 0 and debt == 0) then return 0 end
+  local level = settle(key, cap, debt)
+  local grant = 0
+  if level >= 1 then grant = math.min(want, math.floor(level)) end
+  store(key, level - grant)
+  return grant
 end
-if rpm > 0 then
-  local l = level(KEYS[2], rpm)
-  if l < 1 then return 2 end
-  redis.call('HSET', KEYS[2], 'level', l - 1, 'at', now)
-  redis.call('EXPIRE', KEYS[2], 120)
+local function reserve(held, leases, limit, want, process, lease)
+  if limit <= 0 or want <= 0 then return 0 end
+  for _, gone in ipairs(redis.call('ZRANGEBYSCORE', leases, '-inf', now)) do
+    redis.call('HDEL', held, gone)
+    redis.call('ZREM', leases, gone)
+  end
+  local total = 0
+  for _, n in ipairs(redis.call('HVALS', held)) do total = total + tonumber(n) end
+  local grant = math.min(want, limit - total)
+  if grant <= 0 then return 0 end
+  redis.call('HINCRBY', held, process, grant)
+  redis.call('ZADD', leases, now + lease, process)
+  redis.call('EXPIRE', held, math.ceil(lease * 2) + 1)
+  redis.call('EXPIRE', leases, math.ceil(lease * 2) + 1)
+  return grant
 end
-if places > 0 then
-  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[5]), ARGV[4])
-  redis.call('EXPIRE', KEYS[3], math.ceil(tonumber(ARGV[5]) * 2) + 1)  -- forgets a tenant gone quiet
-end
-return 0
+local n = {}
+for i = 1, 8 do n[i] = tonumber(ARGV[i]) end
+return {
+  take(KEYS[1], n[1], n[2], n[3]),
+  take(KEYS[2], n[4], n[5], n[6]),
+  reserve(KEYS[3], KEYS[4], n[7], n[8], ARGV[9], tonumber(ARGV[10])),
+}
 """
 )
-# KEYS: tokens bucket, in-flight set. ARGV: tokens/min (0: none), tokens spent, request id.
-FINISH = (
-    _LEVEL
-    + """
-local tpm, spent = tonumber(ARGV[1]), tonumber(ARGV[2])
-if tpm > 0 and spent > 0 then
-  redis.call('HSET', KEYS[1], 'level', level(KEYS[1], tpm) - spent, 'at', now)
-  redis.call('EXPIRE', KEYS[1], 120)
-end
-redis.call('ZREM', KEYS[2], ARGV[3])
-return 0
-"""
-)
-# KEYS: one tenant's in-flight set. ARGV: lease seconds, then the request ids still running here.
-RENEW = """
+# KEYS: places held, leases. ARGV: process, places given back, lease seconds (renews what it keeps).
+RELEASE = """
 local t = redis.call('TIME')
-local until_ = tonumber(t[1]) + tonumber(t[2]) / 1000000 + tonumber(ARGV[1])
-for i = 2, #ARGV do redis.call('ZADD', KEYS[1], 'XX', until_, ARGV[i]) end
-redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1]) * 2) + 1)
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local left = redis.call('HINCRBY', KEYS[1], ARGV[1], 0 - tonumber(ARGV[2]))  -- never "-0"
+if left <= 0 then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('ZREM', KEYS[2], ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+end
+return left
+"""
+# KEYS: a bucket. ARGV: its limit per minute, the debt (tokens spent past an allowance, or negative: an
+# allowance handed back).
+CHARGE = (
+    _BUCKET
+    + """
+store(KEYS[1], settle(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])))
 return 0
 """
+)
 
 
-def keys(tenant: str) -> tuple[str, str, str]:
-    """The tenant's keys; ``{tenant}`` is a hash tag, so a Redis Cluster keeps all three in one slot."""
-    return f"gw:{{{tenant}}}:tokens", f"gw:{{{tenant}}}:requests", f"gw:{{{tenant}}}:in_flight"
+def keys(tenant: str) -> tuple[str, str, str, str]:
+    """The tenant's keys; ``{tenant}`` is a hash tag, so a Redis Cluster keeps them in one slot."""
+    return tuple(f"gw:{{{tenant}}}:{part}" for part in ("tokens", "requests", "places", "leases"))  # type: ignore[return-value]
+
+
+def chunk(limit: int) -> int:
+    return max(1, math.ceil(limit * CHUNK_SHARE))
+
+
+def _wants(have: "Allowance", limits: contract.TenantLimits) -> tuple[int, int, int]:
+    """The chunks to ask Redis for: tokens, requests, places; 0 where the allowance still covers it."""
+    tpm, rpm = limits.get("tokens_per_minute", 0), limits.get("requests_per_minute", 0)
+    places = limits.get("concurrent_requests", 0)
+    return (
+        chunk(tpm) if tpm and have.tokens <= 0 else 0,
+        chunk(rpm) if rpm and have.requests < 1 else 0,
+        chunk(places) if places and have.in_flight >= have.places else 0,
+    )
+
+
+def surplus(spare: int, size: int) -> int:
+    """How many spare places to give back: all of them under a small limit (exact: another process may
+    need the one place left), else down to one chunk once two have gathered (no call per request)."""
+    if size == 1:
+        return spare
+    return spare - size if spare >= 2 * size else 0
+
+
+@dataclass
+class Allowance:
+    """What this process may still spend of one tenant's limits, taken from Redis."""
+
+    requests: float = 0.0
+    tokens: float = 0.0  # below zero: tokens spent that Redis has not been charged for yet
+    # Allowances not spent in time, to hand back to Redis with the next exchange (or within a second).
+    unused_requests: float = 0.0
+    unused_tokens: float = 0.0
+    requests_per_minute: int = 0  # the limits they count against (to hand back or charge)
+    tokens_per_minute: int = 0
+    taken_at: float = 0.0
+    places: int = 0  # reserved in Redis
+    in_flight: int = 0  # of those, used by requests running here
+    empty_until: float = 0.0  # Redis had nothing to grant: refuse here until a chunk may have refilled
+    # One Redis exchange per tenant at a time: requests arriving meanwhile wait for its grant instead of
+    # each taking a chunk, and what is given back is counted against what is really held.
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -100,7 +179,6 @@ class Ticket:
     """An admitted request: where its place is held (Redis or this process), released by ``finish``."""
 
     tenant: str
-    request_id: str
     limits: contract.TenantLimits
     shared: bool
 
@@ -114,11 +192,17 @@ class FleetLimits:
     retry_seconds: float = 5.0  # after Redis failed, this process decides alone this long
     timeout_seconds: float = 0.25
     local: Limits = field(default_factory=Limits)
+    allowances: dict[str, Allowance] = field(default_factory=dict)
     counts: dict[str, int] = field(
-        default_factory=lambda: {"shared_decisions": 0, "local_decisions": 0, "redis_errors": 0}
+        default_factory=lambda: {
+            "shared_decisions": 0,
+            "local_decisions": 0,
+            "redis_calls": 0,
+            "redis_errors": 0,
+        }
     )
-    running: dict[str, Ticket] = field(default_factory=dict)  # held in Redis, renewed while they run
     down_until: float = 0.0
+    process: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}:{id(object())}")
 
     def __post_init__(self) -> None:
         if not self.url:
@@ -131,15 +215,15 @@ class FleetLimits:
             retry=Retry(NoBackoff(), 0),  # a slow Redis must not make every request slower: fall back
         )
         self._admit = self.redis.register_script(ADMIT)
-        self._finish = self.redis.register_script(FINISH)
-        self._renew = self.redis.register_script(RENEW)
+        self._release = self.redis.register_script(RELEASE)
+        self._charge = self.redis.register_script(CHARGE)
 
     @property
     def redis_up(self) -> bool:
         return time.monotonic() >= self.down_until
 
     async def admit(
-        self, tenant: str, limits: contract.TenantLimits, request_id: str
+        self, tenant: str, limits: contract.TenantLimits, request_id: str = ""
     ) -> tuple[str, Ticket | None]:
         """'' and a ticket when the request may go, else which limit it hit. A tenant without limits
         gets no ticket and costs nothing."""
@@ -147,19 +231,81 @@ class FleetLimits:
             return "", None
         if self.redis_up:
             try:
-                hit = await self._admit(
-                    keys=keys(tenant), args=_admit_args(limits, request_id, self.lease_seconds)
-                )
+                refused = await self._admit_shared(tenant, limits)
             except (RedisError, OSError) as exc:
                 self._lost(exc)
             else:
                 self.counts["shared_decisions"] += 1
-                ticket = Ticket(tenant, request_id, limits, shared=True)
-                if not hit and limits.get("concurrent_requests"):
-                    self.running[request_id] = ticket
-                return (refusal(KINDS[int(hit)], limits) if hit else ""), ticket
+                return refused, None if refused else Ticket(tenant, limits, shared=True)
         self.counts["local_decisions"] += 1
-        return self.local.admit(tenant, limits), Ticket(tenant, request_id, limits, shared=False)
+        refused = self.local.admit(tenant, limits)
+        return refused, None if refused else Ticket(tenant, limits, shared=False)
+
+    async def _admit_shared(self, tenant: str, limits: contract.TenantLimits) -> str:
+        have = self._allowance(tenant)
+        tpm, rpm = limits.get("tokens_per_minute", 0), limits.get("requests_per_minute", 0)
+        places = limits.get("concurrent_requests", 0)
+        if any(_wants(have, limits)) and time.monotonic() >= have.empty_until:
+            async with have.lock:
+                # Again under the lock (the exchange someone else waited for may have brought it), and once
+                # more after an exchange: requests that ended meanwhile may have spent what it brought.
+                for _ in range(2):
+                    wants = _wants(have, limits)
+                    if not any(wants) or time.monotonic() < have.empty_until:
+                        break
+                    await self._take(tenant, limits, have, wants)
+        # The same order as the per-process limiter: tokens left, a place free, a request left.
+        if tpm and have.tokens <= 0:
+            return refusal("tokens", limits)
+        if places and have.in_flight >= have.places:
+            return refusal("concurrent", limits)
+        if rpm and have.requests < 1:
+            return refusal("requests", limits)
+        have.requests -= 1 if rpm else 0
+        have.in_flight += 1 if places else 0
+        return ""
+
+    async def _take(
+        self, tenant: str, limits: contract.TenantLimits, have: Allowance, wants: tuple[int, int, int]
+    ) -> None:
+        tpm, rpm = limits.get("tokens_per_minute", 0), limits.get("requests_per_minute", 0)
+        have.tokens_per_minute, have.requests_per_minute = tpm, rpm
+        # What this exchange settles, as it stands now: the allowance keeps moving while it is away.
+        charged = max(0.0, -have.tokens) if tpm else 0.0
+        back_tokens = have.unused_tokens if tpm else 0.0
+        back_requests = have.unused_requests if rpm else 0.0
+        args: list[str | int | float] = [tpm, charged - back_tokens, wants[0], rpm, -back_requests, wants[1]]
+        args += [limits.get("concurrent_requests", 0), wants[2], self.process, self.lease_seconds]
+        self.counts["redis_calls"] += 1
+        tokens, requests, places = await self._admit(keys=keys(tenant), args=args)
+        have.tokens += charged + int(tokens)
+        have.unused_tokens -= back_tokens
+        have.unused_requests -= back_requests
+        have.requests += int(requests)
+        have.places += int(places)
+        have.taken_at = time.monotonic()
+        # An empty bucket refills a chunk in 60 × chunk ÷ limit seconds; until then (at most a second)
+        # refusals are decided here, so a tenant over its limit does not flood Redis with calls.
+        waits = [
+            60 * want / limit
+            for want, granted, limit in (
+                (wants[0], tokens, limits.get("tokens_per_minute", 0)),
+                (wants[1], requests, limits.get("requests_per_minute", 0)),
+            )
+            if want and not granted and limit
+        ]
+        if waits:
+            have.empty_until = have.taken_at + min(ALLOWANCE_SECONDS, max(waits))
+
+    def _allowance(self, tenant: str) -> Allowance:
+        have = self.allowances.setdefault(tenant, Allowance())
+        if time.monotonic() - have.taken_at > ALLOWANCE_SECONDS:
+            # Not spent in time: handed back (a quiet process must not save up a burst, nor keep a share
+            # that other processes could use).
+            have.unused_requests += max(have.requests, 0.0)
+            have.unused_tokens += max(have.tokens, 0.0)
+            have.requests, have.tokens = 0.0, min(have.tokens, 0.0)
+        return have
 
     async def finish(self, ticket: Ticket | None, tokens: int) -> None:
         if ticket is None:
@@ -167,31 +313,83 @@ class FleetLimits:
         if not ticket.shared:
             self.local.finish(ticket.tenant, ticket.limits, tokens)
             return
-        self.running.pop(ticket.request_id, None)
-        tokens_per_minute = ticket.limits.get("tokens_per_minute", 0)
-        if not (tokens_per_minute and tokens) and not ticket.limits.get("concurrent_requests"):
-            return  # nothing to write back
-        tokens_key, _, in_flight = keys(ticket.tenant)
+        have = self.allowances.setdefault(ticket.tenant, Allowance())
+        per_minute = ticket.limits.get("tokens_per_minute", 0)
+        if per_minute and tokens:
+            have.tokens -= tokens
+            have.tokens_per_minute = per_minute
+            if have.tokens <= -chunk(per_minute):  # a debt past a chunk is charged now, not in a second
+                async with have.lock:
+                    try:
+                        await self._charge_debt(ticket.tenant, have)
+                    except (RedisError, OSError) as exc:
+                        self._lost(exc)  # the debt stays, charged by the next pass
+        if ticket.limits.get("concurrent_requests"):
+            have.in_flight = max(0, have.in_flight - 1)
+            size = chunk(ticket.limits["concurrent_requests"])
+            if surplus(have.places - have.in_flight, size):
+                async with have.lock:
+                    extra = surplus(have.places - have.in_flight, size)
+                    if extra:
+                        await self._give_back(ticket.tenant, have, extra)
+
+    async def _give_back(self, tenant: str, have: Allowance, places: int) -> None:
+        """Return unused places, so other processes may have them; kept on failure (their lease ends)."""
+        _, _, held, leases = keys(tenant)
         try:
-            await self._finish(
-                keys=[tokens_key, in_flight], args=[tokens_per_minute, tokens, ticket.request_id]
-            )
+            self.counts["redis_calls"] += 1
+            given: list[str | int | float] = [self.process, places, self.lease_seconds]
+            await self._release(keys=[held, leases], args=given)
         except (RedisError, OSError) as exc:
-            self._lost(exc)  # its place expires with its lease
+            self._lost(exc)
+        else:
+            have.places -= places
 
     async def renew_forever(self) -> None:
-        """Keep the places of this process's running requests while they run (a third of a lease apart)."""
+        """Every second (or third of a lease, if shorter): renew the places this process holds, give back
+        the spare ones, and charge the tokens no allowance covered."""
         while self.url:
-            await asyncio.sleep(self.lease_seconds / 3)
-            with contextlib.suppress(RedisError, OSError):
+            await asyncio.sleep(min(ALLOWANCE_SECONDS, self.lease_seconds / 3))
+            try:
                 await self.renew_once()
+            except (RedisError, OSError) as exc:
+                self._lost(exc)
 
     async def renew_once(self) -> None:
-        by_tenant: dict[str, list[str]] = {}
-        for ticket in list(self.running.values()):
-            by_tenant.setdefault(ticket.tenant, []).append(ticket.request_id)
-        for tenant, ids in by_tenant.items():
-            await self._renew(keys=[keys(tenant)[2]], args=[self.lease_seconds, *ids])
+        for tenant, have in list(self.allowances.items()):
+            async with have.lock:
+                if have.places:
+                    spare = max(0, have.places - have.in_flight)
+                    _, _, held, leases = keys(tenant)
+                    self.counts["redis_calls"] += 1
+                    renewal: list[str | int | float] = [self.process, spare, self.lease_seconds]
+                    await self._release(keys=[held, leases], args=renewal)
+                    have.places -= spare
+                self._allowance(tenant)  # hands back what was not spent in time
+                await self._settle(tenant, have)
+
+    async def _charge_debt(self, tenant: str, have: Allowance) -> None:
+        """Charge Redis for the tokens spent here beyond the allowance (kept as debt if Redis fails)."""
+        debt = max(0.0, -have.tokens)
+        if have.tokens_per_minute and debt:
+            self.counts["redis_calls"] += 1
+            await self._charge(keys=[keys(tenant)[0]], args=[have.tokens_per_minute, debt])
+            have.tokens += debt  # what was spent meanwhile stays, for the next charge
+
+    async def _settle(self, tenant: str, have: Allowance) -> None:
+        """Charge token debts and hand back unused allowances (the background pass, once a second)."""
+        tokens_key, requests_key, _, _ = keys(tenant)
+        charged, back = max(0.0, -have.tokens), have.unused_tokens
+        if have.tokens_per_minute and (charged or back):
+            self.counts["redis_calls"] += 1
+            await self._charge(keys=[tokens_key], args=[have.tokens_per_minute, charged - back])
+            have.tokens += charged
+            have.unused_tokens -= back
+        back = have.unused_requests
+        if have.requests_per_minute and back:
+            self.counts["redis_calls"] += 1
+            await self._charge(keys=[requests_key], args=[have.requests_per_minute, -back])
+            have.unused_requests -= back
 
     def _lost(self, exc: BaseException) -> None:
         self.counts["redis_errors"] += 1
@@ -210,13 +408,3 @@ class FleetLimits:
         if self.url:
             with contextlib.suppress(RedisError, OSError):
                 await self.redis.aclose()
-
-
-def _admit_args(limits: contract.TenantLimits, request_id: str, lease: float) -> list[str | int | float]:
-    return [
-        limits.get("tokens_per_minute", 0),
-        limits.get("requests_per_minute", 0),
-        limits.get("concurrent_requests", 0),
-        request_id,
-        lease,
-    ]

@@ -6,6 +6,8 @@ these figures and the bill count the same requests. Labels come from the route t
 own decisions, never from a client's header or body, so a client cannot grow the label sets.
 """
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from gateway import contract
@@ -39,6 +41,7 @@ SERVED = ("tenant", "model", "region", "version")
 
 class GatewayMetrics:
     def __init__(self) -> None:
+        self._children: dict[tuple[object, ...], tuple[Any, ...]] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         self.requests = Counter(
             "gateway_requests",
@@ -78,12 +81,23 @@ class GatewayMetrics:
 
     def observe(self, record: contract.UsageRecord, priority: str) -> None:
         served = (record["tenant"], record["model_name"], record["region"], record["version"])
-        self.requests.labels(*served, priority, record["track"], str(record["status"])).inc()
-        self.latency.labels(*served).observe(record["latency_ms"] / 1e3)
+        key = (*served, priority, record["track"], record["status"])
+        children = self._children.get(key)
+        if children is None:  # labels() takes a lock and builds a tuple: once per label set, not per request
+            children = self._children[key] = (
+                self.requests.labels(*served, priority, record["track"], str(record["status"])),
+                self.latency.labels(*served),
+                self.ttft.labels(*served),
+                self.tokens.labels(*served, "prompt"),
+                self.tokens.labels(*served, "completion"),
+            )
+        requests, latency, ttft, prompt, completion = children
+        requests.inc()
+        latency.observe(record["latency_ms"] / 1e3)
         if "ttft_ms" in record:
-            self.ttft.labels(*served).observe(record["ttft_ms"] / 1e3)
-        self.tokens.labels(*served, "prompt").inc(record["prompt_tokens"])
-        self.tokens.labels(*served, "completion").inc(record["completion_tokens"])
+            ttft.observe(record["ttft_ms"] / 1e3)
+        prompt.inc(record["prompt_tokens"])
+        completion.inc(record["completion_tokens"])
 
     def degrade(self, tenant: str, model: str, reason: str) -> None:
         self.degraded.labels(tenant, model, reason).inc()

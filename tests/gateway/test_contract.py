@@ -84,22 +84,30 @@ def _placement(**fields: Any) -> Placement:
 
 
 def test_the_route_table_has_exactly_the_contracts_fields() -> None:
-    policies = [TenantPolicy("acme", frozenset({"EU"}), limits={"requests_per_minute": 60})]
+    policies = [
+        TenantPolicy("acme", frozenset({"EU"}), limits={"requests_per_minute": 60}, degraded="budget")
+    ]
     served = route_table(policies, [_placement()])["acme"]
     assert set(served) == _keys(contract.TenantRoutes)
+    with_fallback = route_table(policies, [_placement(fallbacks=("small",)), _placement(name="small")])
+    assert with_fallback["acme"]["models"]["chat"]["fallbacks"] == ["small"]
     assert set(served["limits"]) <= _keys(contract.TenantLimits)
     route = served["models"]["chat"]
     assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
     assert set(route["endpoints"][0]) == _keys(contract.Endpoint)
     unserved = route_table(policies, [_placement(ready=False)])["acme"]["models"]["chat"]
-    assert set(unserved) == _keys(contract.Route) - {"splits", "activatable"}  # no rollout, not idle
+    assert set(unserved) == _keys(contract.Route) - {
+        "splits",
+        "activatable",
+        "fallbacks",
+    }  # no rollout, not idle
     idle = _placement(ready=False, endpoints=(), activatable=True)
     at_zero = route_table(policies, [idle])["acme"]["models"]["chat"]
-    assert set(at_zero) == _keys(contract.Route) - {"splits"}
+    assert set(at_zero) == _keys(contract.Route) - {"splits", "fallbacks"}
     assert set(at_zero["activatable"]) == _keys(contract.Activatable)
     candidate = _placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
     rolling = route_table(policies, [_placement(), candidate])["acme"]["models"]["chat"]
-    assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable"}
+    assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable", "fallbacks"}
     assert set(rolling["splits"]["eu-west-1"]) == _keys(contract.Split)
 
 
@@ -127,8 +135,10 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
         attempt=2,
         candidate_errors=1,
     )
+    reply = Reply(None, "r1")
+    reply.degraded, reply.served_name = contract.CAPACITY, "small"  # served by a fallback: every field
     gateway._meter(
-        Reply(None, "r1"), "acme", "chat", {}, {}, seen, time.perf_counter(), datetime.now(UTC), False
+        reply, "acme", "chat", {}, "interactive", seen, time.perf_counter(), datetime.now(UTC), False
     )
     (record,) = sent
     assert set(record) == contract.USAGE_FIELDS

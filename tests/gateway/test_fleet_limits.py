@@ -147,3 +147,120 @@ def test_odd_tenant_names_are_their_own_keys(redis_url, tenant):
         return said
 
     assert run(story()) == ["", "requests per minute (1)"]
+
+
+def test_large_limits_are_taken_in_chunks_and_the_fleet_still_admits_the_limit_once(redis_url):
+    tenant, limits = fresh_tenant(), {"requests_per_minute": 300}
+
+    async def story() -> tuple[int, dict[str, int], dict[str, int]]:
+        one, two = await both(redis_url)
+        admitted = 0
+        for n in range(400):
+            refused, ticket = await (one if n % 2 else two).admit(tenant, limits)
+            admitted += not refused
+            await (one if n % 2 else two).finish(ticket, 0)
+        await one.close(), await two.close()
+        return admitted, one.stats(), two.stats()
+
+    admitted, one, two = run(story())
+    assert admitted == 300  # no more between them, although each asked Redis only now and then
+    assert one["redis_calls"] + two["redis_calls"] < 120  # chunks of 3, not a call a request
+
+
+def test_a_tenant_with_a_huge_limit_costs_a_redis_call_per_chunk_not_per_request(redis_url):
+    tenant = fresh_tenant()
+    limits = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
+
+    async def story() -> dict[str, int]:
+        limiter = FleetLimits(redis_url)
+        for _ in range(500):
+            refused, ticket = await limiter.admit(tenant, limits)
+            assert refused == ""
+            await limiter.finish(ticket, 13)
+        await limiter.close()
+        return limiter.stats()
+
+    stats = run(story())
+    assert stats["redis_calls"] == 1 and stats["shared_decisions"] == 500
+
+
+def test_requests_arriving_together_share_one_redis_exchange_and_never_exceed_the_places(redis_url):
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 10}
+    running, peak = 0, 0
+
+    async def one_request(limiter: FleetLimits) -> bool:
+        nonlocal running, peak
+        refused, ticket = await limiter.admit(tenant, limits)
+        if refused:
+            return False
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        await limiter.finish(ticket, 0)
+        return True
+
+    async def story() -> tuple[int, dict[bytes, bytes]]:
+        one, two = await both(redis_url)
+        results = await asyncio.gather(*(one_request(one if n % 2 else two) for n in range(100)))
+        held = await one.redis.hgetall(keys(tenant)[2])
+        await one.close(), await two.close()
+        return sum(results), held
+
+    served, held = run(story())
+    assert peak <= 10 and served >= 10
+    assert held == {}  # every place was given back as its request ended (a limit of 10: chunks of 1)
+
+
+def test_a_huge_limit_under_a_burst_costs_one_redis_exchange(redis_url):
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 10**6, "requests_per_minute": 10**9}
+
+    async def story() -> dict[str, int]:
+        limiter = FleetLimits(redis_url)
+        admitted = await asyncio.gather(*(limiter.admit(tenant, limits) for _ in range(64)))
+        assert all(refused == "" for refused, _ in admitted)
+        await limiter.close()
+        return limiter.stats()
+
+    assert run(story())["redis_calls"] == 1
+
+
+def test_an_allowance_not_spent_within_a_second_is_handed_back(redis_url):
+    tenant, limits = fresh_tenant(), {"requests_per_minute": 6000}  # chunks of 60
+
+    async def story() -> tuple[float, float]:
+        limiter = FleetLimits(redis_url)
+        await limiter.admit(tenant, limits)  # takes 60, spends 1
+        bucket = keys(tenant)[1]
+        before = float(await limiter.redis.hget(bucket, "level"))
+        limiter.allowances[tenant].taken_at -= 2  # two seconds later, as the process's clock sees it
+        await limiter.renew_once()
+        after = float(await limiter.redis.hget(bucket, "level"))
+        await limiter.close()
+        return before, after
+
+    before, after = run(story())
+    assert before <= 5941 and after >= 5995  # the 59 unused are back (plus a few ms of refill)
+
+
+def test_far_below_every_limit_nothing_is_refused_however_requests_interleave(redis_url):
+    """Allowances taken, spent by requests ending while an exchange is away, handed back: never a refusal
+    that the limits do not call for (the load of bench/gateway_bench.py once drew a 'tokens' 429)."""
+    tenant = fresh_tenant()
+    limits = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, "concurrent_requests": 10**6}
+
+    async def one_request(limiter: FleetLimits, n: int) -> str:
+        refused, ticket = await limiter.admit(tenant, limits)
+        await asyncio.sleep((n % 7) / 1000)
+        await limiter.finish(ticket, 10**8 if n % 50 == 0 else 13)  # some answers long enough to owe a debt
+        if n % 97 == 0:
+            limiter.allowances[tenant].taken_at -= 2  # an allowance left unspent past its second
+        return refused
+
+    async def story() -> list[str]:
+        one, two = await both(redis_url)
+        said = await asyncio.gather(*(one_request(one if n % 2 else two, n) for n in range(600)))
+        await one.close(), await two.close()
+        return [s for s in said if s]
+
+    assert run(story()) == []
