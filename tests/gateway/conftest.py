@@ -6,6 +6,7 @@ from core.choices import Scope
 from core.services.tokens import token_create
 from routing import health
 from tests.support.gateway import Gateway, chat_in_two_eu_regions, gateway_secret
+from tests.support.gateway_harness import GatewayWorld
 from tests.support.principals import principal
 
 
@@ -33,3 +34,11 @@ def fleet(world, make_region, tiny_model_dir, live_server, tmp_path):  # type: i
         "gateway_token": gateway_token,
     }
     gateway.stop()
+
+
+@pytest.fixture
+def gw(tmp_path):  # type: ignore[no-untyped-def]
+    """The gateway in-process with a fake engine and control plane (tests/support/gateway_harness.py)."""
+    world = GatewayWorld(tmp_path)
+    yield world
+    world.close()

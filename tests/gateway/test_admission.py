@@ -10,7 +10,7 @@ import pytest
 from gateway import contract
 from gateway.admission import Admission, request_priority
 from gateway.inbound import Refused
-from tests.support.gateway_harness import TOKENS, GatewayWorld, digest, endpoint
+from tests.support.gateway_harness import TOKENS, digest, endpoint
 
 
 def test_a_client_may_lower_its_class_but_never_raise_it():
@@ -62,13 +62,6 @@ def test_on_a_saturated_shared_deployment_a_tenant_past_its_fair_share_waits_for
     assert admission.shed("initech", "interactive", tier) == ""  # none in flight yet
     dedicated = [full("http://own")]
     assert admission.shed("acme", "interactive", dedicated) == ""  # only shared pools are split fairly
-
-
-@pytest.fixture
-def gw(tmp_path):  # type: ignore[no-untyped-def]
-    world = GatewayWorld(tmp_path)
-    yield world
-    world.close()
 
 
 def test_a_saturated_model_refuses_batch_with_retry_after_and_serves_interactive(gw):

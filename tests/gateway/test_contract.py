@@ -16,7 +16,8 @@ from gateway.app import Gateway, Reply
 from gateway.config import Settings
 from gateway.metering import Outcome
 from routing import services
-from routing.routes import Endpoint, Placement, TenantPolicy, route_table
+from routing.routes import TenantPolicy, route_table
+from tests.support.routes import placement
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTROL_PLANE = ("controlplane", "registry", "regions", "artifacts", "billing", "routing", "core")
@@ -64,49 +65,30 @@ def test_the_control_plane_imports_only_the_contract_of_the_gateway() -> None:
     assert not found
 
 
-def _placement(**fields: Any) -> Placement:
-    defaults: dict[str, Any] = {
-        "tenant": "acme",
-        "name": "chat",
-        "deployment_id": 7,
-        "version": "m@1",
-        "served_model": "m",
-        "artifact_sha256": "0" * 64,
-        "allowed_jurisdictions": frozenset({"EU"}),
-        "region": "eu-west-1",
-        "jurisdiction": "EU",
-        "region_active": True,
-        "ready": True,
-        "weights_verified": True,
-        "endpoints": (Endpoint("http://127.0.0.1:1"),),
-    }
-    return Placement(**{**defaults, **fields})
-
-
 def test_the_route_table_has_exactly_the_contracts_fields() -> None:
     policies = [
         TenantPolicy("acme", frozenset({"EU"}), limits={"requests_per_minute": 60}, degraded="budget")
     ]
-    served = route_table(policies, [_placement()])["acme"]
+    served = route_table(policies, [placement()])["acme"]
     assert set(served) == _keys(contract.TenantRoutes)
-    with_fallback = route_table(policies, [_placement(fallbacks=("small",)), _placement(name="small")])
+    with_fallback = route_table(policies, [placement(fallbacks=("small",)), placement(name="small")])
     assert with_fallback["acme"]["models"]["chat"]["fallbacks"] == ["small"]
     assert set(served["limits"]) <= _keys(contract.TenantLimits)
     route = served["models"]["chat"]
     assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
     assert set(route["endpoints"][0]) == _keys(contract.Endpoint)
-    unserved = route_table(policies, [_placement(ready=False)])["acme"]["models"]["chat"]
+    unserved = route_table(policies, [placement(ready=False)])["acme"]["models"]["chat"]
     assert set(unserved) == _keys(contract.Route) - {
         "splits",
         "activatable",
         "fallbacks",
     }  # no rollout, not idle
-    idle = _placement(ready=False, endpoints=(), activatable=True)
+    idle = placement(ready=False, endpoints=(), activatable=True)
     at_zero = route_table(policies, [idle])["acme"]["models"]["chat"]
     assert set(at_zero) == _keys(contract.Route) - {"splits", "fallbacks"}
     assert set(at_zero["activatable"]) == _keys(contract.Activatable)
-    candidate = _placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
-    rolling = route_table(policies, [_placement(), candidate])["acme"]["models"]["chat"]
+    candidate = placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
+    rolling = route_table(policies, [placement(), candidate])["acme"]["models"]["chat"]
     assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable", "fallbacks"}
     assert set(rolling["splits"]["eu-west-1"]) == _keys(contract.Split)
 
@@ -126,7 +108,7 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     )
     sent: list[contract.UsageRecord] = []
     gateway.usage.record = sent.append  # type: ignore[method-assign]
-    route = route_table([TenantPolicy("acme", frozenset({"EU"}))], [_placement()])["acme"]["models"]["chat"]
+    route = route_table([TenantPolicy("acme", frozenset({"EU"}))], [placement()])["acme"]["models"]["chat"]
     seen = Outcome(
         route["endpoints"][0],
         status=200,

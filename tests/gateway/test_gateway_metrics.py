@@ -1,17 +1,9 @@
 """The gateway's /metrics: what it served (requests by status, latency and TTFT histograms, tokens) by
 tenant, model, region and version, and what it refused; the whole page is valid Prometheus text."""
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.gateway_harness import GatewayWorld
-
-
-@pytest.fixture
-def gw(tmp_path):  # type: ignore[no-untyped-def]
-    world = GatewayWorld(tmp_path)
-    yield world
-    world.close()
 
 
 def samples(gw: GatewayWorld) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

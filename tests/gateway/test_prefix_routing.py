@@ -2,8 +2,6 @@
 that engine is busier than the others by more than the imbalance allowed; sessions keep their engine;
 one tenant's prompts never name another's prefixes; hostile prompts cost a bounded amount of work."""
 
-import pytest
-
 from gateway.prefix import BLOCK_CHARS, MAX_BLOCKS, PrefixIndex, prompt_blocks
 from tests.support.gateway_harness import GatewayWorld, endpoint
 
@@ -62,13 +60,6 @@ def test_the_index_forgets_the_least_recently_used_prefixes_first():
     index.remember([b"1", b"2"], "http://a")
     index.remember([b"3", b"4"], "http://b")
     assert list(index.owner) == [b"2", b"3", b"4"]
-
-
-@pytest.fixture
-def gw(tmp_path):  # type: ignore[no-untyped-def]
-    world = GatewayWorld(tmp_path)
-    yield world
-    world.close()
 
 
 def test_requests_with_one_system_prompt_go_to_one_engine_and_sessions_keep_theirs(gw):

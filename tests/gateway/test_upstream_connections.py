@@ -2,18 +2,10 @@
 takes it) is tried again on a new connection, and costs the engine no ejection; a second break does."""
 
 import aiohttp
-import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
 from gateway.app import broken_connection
-from tests.support.gateway_harness import GatewayWorld, endpoint
-
-
-@pytest.fixture
-def gw(tmp_path):  # type: ignore[no-untyped-def]
-    world = GatewayWorld(tmp_path)
-    yield world
-    world.close()
+from tests.support.gateway_harness import endpoint
 
 
 def test_a_connection_closed_unanswered_is_tried_again_without_ejecting_the_engine(gw):

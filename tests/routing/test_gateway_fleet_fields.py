@@ -10,8 +10,9 @@ from billing.models import BudgetAlert
 from billing.reports import thresholds_of
 from core.services.tokens import token_create, token_digest
 from routing import selectors
-from routing.routes import Endpoint, Placement, TenantPolicy, route, saturated
+from routing.routes import Endpoint, TenantPolicy, route, saturated
 from tests.support.principals import principal
+from tests.support.routes import placement
 
 pytestmark = pytest.mark.django_db
 
@@ -69,21 +70,7 @@ def test_an_engine_with_a_queue_or_a_nearly_full_kv_cache_is_saturated():
     assert not saturated(Endpoint("http://e", running=40, waiting=0, kv_cache=0.9))
     assert saturated(Endpoint("http://e", waiting=1))
     assert saturated(Endpoint("http://e", kv_cache=0.95))
-    busy = Placement(
-        tenant="t",
-        name="chat",
-        deployment_id=1,
-        version="m@1",
-        served_model="m",
-        artifact_sha256="",
-        allowed_jurisdictions=frozenset({"EU"}),
-        region="eu-west-1",
-        jurisdiction="EU",
-        region_active=True,
-        ready=True,
-        weights_verified=True,
-        endpoints=(Endpoint("http://e", waiting=3),),
-    )
+    busy = placement(tenant="t", endpoints=(Endpoint("http://e", waiting=3),))
     (published,) = route(TenantPolicy("t", frozenset({"EU"})), [busy])["endpoints"]
     assert published["saturated"] is True
 

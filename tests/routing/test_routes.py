@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from gateway import contract
 from routing.routes import Endpoint, Placement, TenantPolicy, route, route_table
+from tests.support.routes import placement as one_placement
 
 JURISDICTIONS = ["EU", "US", "CH", "UK"]
 LOCATIONS = {"EU": (50.1, 8.7), "US": (38.9, -77.0), "CH": (47.4, 8.5), "UK": (51.5, -0.1)}
@@ -354,22 +355,7 @@ def test_a_fallback_is_only_ever_the_tenants_own_route_held_to_its_residency(wor
 
 def test_fallbacks_are_published_in_order_without_unknown_names():
     policy = TenantPolicy("t", frozenset({"EU"}))
-    base = Placement(
-        tenant="t",
-        name="chat",
-        deployment_id=1,
-        version="m@1",
-        served_model="m",
-        artifact_sha256="",
-        allowed_jurisdictions=frozenset({"EU"}),
-        region="eu-west-1",
-        jurisdiction="EU",
-        region_active=True,
-        ready=True,
-        weights_verified=True,
-        endpoints=(Endpoint("http://e"),),
-        fallbacks=("tiny", "ghost", "small"),
-    )
+    base = one_placement(tenant="t", endpoints=(Endpoint("http://e"),), fallbacks=("tiny", "ghost", "small"))
     placements = [
         base,
         replace(base, name="small", fallbacks=()),
