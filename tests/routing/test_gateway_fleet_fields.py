@@ -87,3 +87,31 @@ def test_past_its_degrade_threshold_a_tenant_is_published_degraded_until_the_mon
     assert "80 %" in degraded[world.tenant_a.slug] and not degraded[world.tenant_b.slug]
     next_month = datetime(2027, 1, 2, tzinfo=UTC)
     assert all(not p.degraded for p in selectors.policies(next_month))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"concurrent_requests": 0},
+        {"concurrent_requests": 10**12},
+        {"concurrent_requests": "many"},
+        {"budget_degrade_at": 0},
+        {"budget_degrade_at": 1001},
+        {"budget_degrade_at": 80.5},
+        {"budget_degrade_at": "80\x00"},
+    ],
+)
+def test_bad_limits_on_a_tenant_are_a_400_and_change_nothing(world, api, change):
+    reply = api(world.admin).patch(f"/api/v1/tenants/{world.tenant_a.slug}/", change, format="json")
+    assert reply.status_code == 400 and set(reply.json()) == {"error"}
+    world.tenant_a.refresh_from_db()
+    assert world.tenant_a.concurrent_requests is None and world.tenant_a.budget_degrade_at is None
+
+
+def test_a_platform_admin_sets_a_tenants_limits_and_a_tenant_admin_cannot(world, api):
+    path = f"/api/v1/tenants/{world.tenant_a.slug}/"
+    change = {"concurrent_requests": 16, "budget_degrade_at": 80}
+    assert api(world.alice).patch(path, change, format="json").status_code == 403
+    reply = api(world.admin).patch(path, change, format="json")
+    assert reply.status_code == 200 and reply.json()["concurrent_requests"] == 16
+    assert reply.json()["budget_degrade_at"] == 80
