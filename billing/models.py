@@ -28,6 +28,7 @@ class UsageRecord(models.Model):
     # for; version is what answered) and why the gateway degraded (capacity, budget, unavailable).
     served_model_name = models.CharField(max_length=100, blank=True, default="")
     degraded = models.CharField(max_length=16, blank=True, default="")
+    trace_id = models.CharField(max_length=32, blank=True, default="")  # the gateway's OpenTelemetry trace
     region = models.CharField(max_length=41)
     deployment = models.ForeignKey(
         "regions.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage"

@@ -2,6 +2,7 @@
 prices with history, budget alerts."""
 
 import logging
+import re
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -26,6 +27,7 @@ from gateway import contract
 from regions.models import Deployment, Region
 
 log = logging.getLogger(__name__)
+TRACE_ID = re.compile(r"[0-9a-f]{32}")
 SYSTEM = Principal.system("billing", source=AuditSource.TASK)
 
 MAX_BATCH = 5000
@@ -92,6 +94,7 @@ def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecor
         model_name=_text(record, "model_name", 100),
         served_model_name=_text(record, "served_model_name", 100),
         degraded=_degraded(record),
+        trace_id=_trace_id(record),
         region=_text(record, "region", 41),
         deployment_id=_whole(record, "deployment", 0, 2**63 - 1) or None,
         version=_text(record, "version", 200),
@@ -147,6 +150,13 @@ def _milliseconds(record: dict[str, Any], field: str) -> float | None:
     if not 0 <= number <= 86_400_000:  # also refuses NaN and infinity
         raise ValueError(f"{field} must be between 0 and 86400000")
     return number
+
+
+def _trace_id(record: dict[str, Any]) -> str:
+    value = record.get("trace_id") or ""
+    if not isinstance(value, str) or (value and not TRACE_ID.fullmatch(value)):
+        raise ValueError("trace_id must be 32 lowercase hex digits")
+    return value
 
 
 def _degraded(record: dict[str, Any]) -> str:

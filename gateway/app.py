@@ -36,6 +36,8 @@ from gateway.mirror import MirrorCopy, Mirrors
 from gateway.prefix import PrefixIndex, prompt_blocks
 from gateway.reply import Reply
 from gateway.streaming import EventFilter
+from gateway.tracing import Tracing, trace_id, upstream_headers
+from gateway.tracing import finish as finish_span
 from gateway.usage import UsageShipper
 
 log = logging.getLogger("gateway")
@@ -71,6 +73,7 @@ class Gateway:
         self.prefixes = PrefixIndex(settings.prefix_index_entries, settings.prefix_imbalance)
         self.usage = UsageShipper(settings)
         self.metrics = GatewayMetrics()
+        self.tracing = Tracing()
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
@@ -114,6 +117,7 @@ class Gateway:
             self.usage.close()
             await self.session.close()
         await self.limits.close()
+        self.tracing.shutdown()  # the spans still batched go out
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -332,6 +336,13 @@ class Gateway:
         client_salt = payload.get("cache_salt")
         # A held request's latency is the client's: from the start of its hold, not from its release.
         started, wall = (held.since, held.wall) if held else (time.perf_counter(), datetime.now(UTC))
+        span = self.tracing.start(
+            headers,
+            path,
+            name,
+            {"gateway.tenant": tenant, "gateway.priority": priority, "gateway.request_id": reply.request_id},
+        )
+        reply.trace_headers, reply.trace_id = upstream_headers(span), trace_id(span)
         tried = set[str]()
         last_error, reconnected = "", False
         hashes = (
@@ -391,6 +402,7 @@ class Gateway:
             if seen.endpoint is not None:
                 self._meter(reply, tenant, name, headers, priority, seen, started, wall, stream)
                 self._mirror(reply, tenant, name, route, path, payload, client_salt, seen, stream)
+            finish_span(span, seen, seen.attempt, reply.degraded)
 
     def _choose(
         self,
@@ -479,6 +491,7 @@ class Gateway:
             started_at=wall,
             served_model_name=reply.served_name,
             degraded=reply.degraded,
+            trace_id=reply.trace_id,
         )
         self.usage.record(record)
         self.metrics.observe(record, priority)
@@ -541,7 +554,11 @@ class Gateway:
         async with self.session.post(
             endpoint["url"] + path,
             data=data,
-            headers={"Content-Type": "application/json", "X-Request-Id": reply.request_id},
+            headers={
+                "Content-Type": "application/json",
+                "X-Request-Id": reply.request_id,
+                **reply.trace_headers,
+            },
         ) as upstream:
             if upstream.status >= 500:
                 raise Upstream5xx(f"answered {upstream.status}")

@@ -153,6 +153,7 @@ class UsageRecord(TypedDict):
     candidate_errors: NotRequired[int]
     served_model_name: NotRequired[str]  # a fallback served it: its model name (model_name was asked for)
     degraded: NotRequired[str]  # and why (DEGRADED_REASONS)
+    trace_id: NotRequired[str]  # the request's OpenTelemetry trace (32 hex digits), when tracing is on
     started_at: str  # ISO 8601 with the offset
 
 

@@ -55,6 +55,7 @@ def usage_record(
     started_at: datetime,
     served_model_name: str = "",
     degraded: str = "",
+    trace_id: str = "",
 ) -> contract.UsageRecord:
     endpoint = outcome.endpoint
     assert endpoint is not None  # only an exchange that reached an endpoint is metered
@@ -81,6 +82,8 @@ def usage_record(
         record["candidate_errors"] = outcome.candidate_errors
     if degraded:
         record["served_model_name"], record["degraded"] = served_model_name, degraded
+    if trace_id:
+        record["trace_id"] = trace_id
     if outcome.ttft_ms is not None:  # absent, not 0, when no byte came: a 0 would flatter TTFT figures
         record["ttft_ms"] = round(outcome.ttft_ms, 2)
     return record

@@ -13,6 +13,8 @@ class Reply:
         self.held_ms: float | None = None  # how long the request waited for its deployment to wake
         # Served by a fallback: why (x-degraded: capacity, budget, unavailable) and the model that served.
         self.degraded, self.served_name = "", ""
+        self.trace_headers: dict[str, str] = {}  # traceparent for the engine, when tracing is on
+        self.trace_id = ""
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:

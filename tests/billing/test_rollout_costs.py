@@ -274,6 +274,13 @@ def test_usage_carries_its_track_and_time_to_first_token(world, api):
         {"ttft_ms": "-inf"},
         {"ttft_ms": 1e300},
         {"ttft_ms": 86_400_001},
+        {"trace_id": "not-a-trace"},
+        {"trace_id": "4BF92F3577B34DA6A3CE929D0E0E4736"},
+        {"trace_id": "4bf92f3577b34da6a3ce929d0e0e47360"},
+        {"trace_id": 7},
+        {"degraded": "because"},
+        {"degraded": ["capacity"]},
+        {"served_model_name": "small\x00"},
     ],
 )
 def test_a_bad_track_or_ttft_refuses_the_whole_batch(world, api, bad):

@@ -119,6 +119,7 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     )
     reply = Reply(None, "r1")
     reply.degraded, reply.served_name = contract.CAPACITY, "small"  # served by a fallback: every field
+    reply.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"  # and traced
     gateway._meter(
         reply, "acme", "chat", {}, "interactive", seen, time.perf_counter(), datetime.now(UTC), False
     )

@@ -1,0 +1,126 @@
+"""OpenTelemetry traces of the requests the gateway forwards: a span per request with the routing decision,
+its W3C ``traceparent`` passed on to the engine (vLLM continues the trace with its ``llm_request`` span
+when started with ``--otlp-traces-endpoint``) and its trace id on the usage record.
+
+Configured by the standard variables and off without them: ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` (OTLP over HTTP, protobuf), ``OTEL_SERVICE_NAME`` (default
+``llm-gateway``), ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*`` for the batching, ``OTEL_SDK_DISABLED``.
+Spans are exported in batches on the SDK's own thread: a slow or absent collector never delays a request.
+
+A client's own ``traceparent`` is honoured as the parent (the trace then starts in the client's code); it
+is only an id, so nothing a client sends there can change what the gateway does.
+"""
+
+import os
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode, set_span_in_context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from gateway import contract
+from gateway.metering import Outcome, usage_tokens
+
+OPERATIONS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "text_completion",
+    "/v1/embeddings": "embeddings",
+}
+PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def configured() -> bool:
+    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    if os.environ.get("OTEL_TRACES_EXPORTER", "otlp") == "none":
+        return False
+    return bool(
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+class Tracing:
+    def __init__(self) -> None:
+        self.provider: TracerProvider | None = None
+        if configured():
+            name = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "llm-gateway"}
+            self.provider = TracerProvider(resource=Resource.create(name))
+            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+            self.tracer = self.provider.get_tracer("gateway")
+
+    def start(
+        self, headers: dict[str, str], path: str, model: str, attributes: dict[str, Any]
+    ) -> Span | None:
+        """The request's span (None when tracing is off), a child of the client's ``traceparent`` if any."""
+        if self.provider is None:
+            return None
+        operation = OPERATIONS.get(path, "chat")
+        parent = PROPAGATOR.extract({k: v for k, v in headers.items() if k in ("traceparent", "tracestate")})
+        return self.tracer.start_span(
+            f"{operation} {model}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": "vllm",
+                "gen_ai.request.model": model,
+                **attributes,
+            },
+        )
+
+    def shutdown(self) -> None:
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def upstream_headers(span: Span | None) -> dict[str, str]:
+    """``traceparent`` (and ``tracestate``) naming the span, for the engine's request."""
+    if span is None:
+        return {}
+    carrier: dict[str, str] = {}
+    PROPAGATOR.inject(carrier, context=set_span_in_context(span))
+    return carrier
+
+
+def trace_id(span: Span | None) -> str:
+    if span is None or isinstance(span, NonRecordingSpan):
+        return ""
+    return format(span.get_span_context().trace_id, "032x")
+
+
+def finish(span: Span | None, outcome: Outcome, attempts: int, degraded: str) -> None:
+    """What the routing decided and how the exchange ended, then the span's end."""
+    if span is None:
+        return
+    endpoint = outcome.endpoint
+    if endpoint is not None:
+        host, _, port = endpoint["url"].split("://", 1)[-1].partition(":")
+        span.set_attributes(
+            {
+                "gen_ai.response.model": endpoint["version"],
+                "gen_ai.usage.input_tokens": usage_tokens(outcome.usage, "prompt_tokens"),
+                "gen_ai.usage.output_tokens": usage_tokens(outcome.usage, "completion_tokens"),
+                "server.address": host,
+                "server.port": int(port.split("/")[0] or 80),
+                "gateway.region": endpoint["region"],
+                "gateway.tier": endpoint["priority"],
+                "gateway.track": endpoint.get("track", contract.STABLE),
+                "gateway.deployment": endpoint["deployment"],
+            }
+        )
+    span.set_attributes(
+        {
+            "http.response.status_code": outcome.status,
+            "gateway.attempts": attempts,
+            "gateway.degraded": degraded,
+        }
+    )
+    if outcome.ttft_ms is not None:
+        span.set_attribute("gateway.time_to_first_token_ms", round(outcome.ttft_ms, 2))
+    if outcome.status >= 500:
+        span.set_attribute("error.type", str(outcome.status))
+        span.set_status(Status(StatusCode.ERROR))
+    span.end()

@@ -1,0 +1,98 @@
+"""OpenTelemetry traces: with an OTLP endpoint configured, every forwarded request is a span with the routing
+decision, exported over OTLP/HTTP (protobuf) to a real receiver run by the test, its traceparent passed on to
+the engine, its trace id on the usage record; a client's traceparent becomes the parent; off by default."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from tests.support.gateway_harness import GatewayWorld, endpoint
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver: decodes each POST /v1/traces into its spans."""
+
+    def __init__(self) -> None:
+        self.spans: list = []  # type: ignore[type-arg]
+        received = self.spans
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                request = ExportTraceServiceRequest.FromString(body)
+                for resource in request.resource_spans:
+                    service = {a.key: a.value.string_value for a in resource.resource.attributes}[
+                        "service.name"
+                    ]
+                    for scope in resource.scope_spans:
+                        received.extend((service, span) for span in scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1/traces"
+
+
+@pytest.fixture
+def traced(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    receiver = Receiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    world = GatewayWorld(tmp_path)
+    yield world, receiver
+    world.close()
+    receiver.server.shutdown()
+
+
+def attributes(span) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    def value(v):  # type: ignore[no-untyped-def]
+        return getattr(v, v.WhichOneof("value"))
+
+    return {a.key: value(a.value) for a in span.attributes}
+
+
+def test_a_forwarded_request_is_a_span_exported_over_otlp_and_continued_by_the_engine(traced):
+    gw, receiver = traced
+    client_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    answer = gw.chat(headers={"traceparent": f"00-{client_trace}-00f067aa0ba902b7-01"}, stream=True)
+    assert answer.status == 200
+    gw.gateway.tracing.provider.force_flush()
+    ((service, span),) = receiver.spans
+    assert service == "llm-gateway" and span.name == "chat chat"
+    assert span.trace_id.hex() == client_trace  # the client's trace goes on
+    found = attributes(span)
+    assert found["gen_ai.operation.name"] == "chat" and found["gen_ai.response.model"] == "m@1"
+    assert found["gateway.tenant"] == "acme" and found["gateway.region"] == "eu-west-1"
+    assert found["gateway.attempts"] == 1 and found["http.response.status_code"] == 200
+    assert found["gen_ai.usage.output_tokens"] == 2
+    sent = gw.engine.seen[-1]["headers"]["traceparent"]
+    assert sent.split("-")[1] == client_trace and sent.split("-")[2] == span.span_id.hex()
+    gw.ship()
+    assert gw.control.records[-1]["trace_id"] == client_trace
+
+
+def test_a_failed_attempt_and_a_bad_traceparent(traced):
+    gw, receiver = traced
+    (healthy,) = gw.engines(1)
+    gw.engine.fail_status = 503
+    gw.serve(
+        {"endpoints": [endpoint(gw.engine.url), {**endpoint(healthy.url), "priority": 1}], "preferred": ""}
+    )
+    assert gw.chat(headers={"traceparent": "00-zz-not-a-trace"}).status == 200
+    gw.gateway.tracing.provider.force_flush()
+    ((_, span),) = receiver.spans
+    assert attributes(span)["gateway.attempts"] == 2 and attributes(span)["gateway.tier"] == 1
+    assert span.trace_id.hex() != "0" * 32 and len(span.parent_span_id) == 0  # a new trace of its own
+
+
+def test_without_an_otlp_endpoint_nothing_is_traced(gw):
+    assert gw.gateway.tracing.provider is None
+    assert gw.chat().status == 200
+    assert "traceparent" not in gw.engine.seen[-1]["headers"]
