@@ -9,6 +9,7 @@ where another left off: engines run in their own sessions and outlive the worker
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,6 +47,9 @@ class ProcessConfig:
     # a thread or a few each: OpenMP regions wait on their slowest thread, so oversubscribed cores slow the
     # engine with less traffic most (its baseline's load preempts it).
     cpu_threads: int | None = None
+    # Where vLLM sends its own spans (``--otlp-traces-endpoint``): it continues the gateway's trace (the
+    # gateway passes ``traceparent``) with its queue, prefill and decode times. '' leaves tracing off.
+    otlp_traces_endpoint: str = ""
 
     @classmethod
     def parse(cls, raw: dict[str, Any], default_state_dir: str) -> "ProcessConfig":
@@ -57,6 +61,7 @@ class ProcessConfig:
             "max_backoff_seconds",
             "cpu_bind",
             "cpu_threads",
+            "otlp_traces_endpoint",
         }
         if unknown:
             raise ValidationFailed(f"Unknown process driver setting(s): {', '.join(sorted(unknown))}.")
@@ -68,6 +73,13 @@ class ProcessConfig:
         threads = config.cpu_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValidationFailed("cpu_threads must be a whole number of at least 1 (or left out).")
+        endpoint = config.otlp_traces_endpoint
+        if not isinstance(endpoint, str) or (
+            endpoint and not re.fullmatch(r"https?://[^\s\x00]{1,500}", endpoint)
+        ):
+            raise ValidationFailed(
+                "otlp_traces_endpoint must be an http(s) URL of an OTLP receiver (or left out)."
+            )
         return config
 
     @property
@@ -352,4 +364,10 @@ class ProcessDriver:
             "--port",
             str(port),
             *render_flags(spec.engine_args),
+            *self._tracing_flags(),
         ]
+
+    def _tracing_flags(self) -> list[str]:
+        if self.config.otlp_traces_endpoint and self.config.resolved_engine == "vllm":
+            return ["--otlp-traces-endpoint", self.config.otlp_traces_endpoint]
+        return []

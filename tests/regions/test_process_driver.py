@@ -6,6 +6,9 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
+from core.errors import ValidationFailed
 from regions.drivers import process
 from regions.drivers.base import WorkloadSpec
 from regions.drivers.process import ProcessConfig, ProcessDriver, _health
@@ -69,3 +72,18 @@ def test_a_health_check_tells_a_busy_engine_from_a_dead_one():
         assert _health("127.0.0.1", closed_port) == "down"
     finally:
         busy.close()
+
+
+def test_an_otlp_endpoint_makes_vllm_continue_the_gateways_traces(tmp_path, tiny_model_dir):
+    config = ProcessConfig.parse(
+        {"engine": "vllm", "otlp_traces_endpoint": "http://otel:4318/v1/traces"}, str(tmp_path)
+    )
+    command = ProcessDriver(config)._command(spec("chat", tiny_model_dir), 8001, str(tiny_model_dir))
+    assert command[-2:] == ["--otlp-traces-endpoint", "http://otel:4318/v1/traces"]
+    plain = ProcessDriver(ProcessConfig.parse({"engine": "vllm"}, str(tmp_path)))
+    assert "--otlp-traces-endpoint" not in plain._command(
+        spec("chat", tiny_model_dir), 8001, str(tiny_model_dir)
+    )
+    for bad in ("ftp://otel", "otel:4318", 4318, "http://otel\x00", "http://" + "a" * 600):
+        with pytest.raises(ValidationFailed):
+            ProcessConfig.parse({"otlp_traces_endpoint": bad}, str(tmp_path))
