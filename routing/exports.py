@@ -1,4 +1,9 @@
-"""The route table in formats existing gateways consume."""
+"""The route table in formats existing gateways consume: nginx upstreams, Envoy clusters and Kubernetes
+Gateway API HTTPRoutes. Each is computed from the caller's routes as the table has them, so nothing in an
+export can reach a region the table does not offer that tenant."""
+
+import re
+from typing import Any
 
 from gateway import contract
 
@@ -24,3 +29,135 @@ def nginx(tenants: dict[str, contract.TenantRoutes], generation: int) -> str:
                 )
             lines += ["    keepalive 32;", "}", ""]
     return "\n".join(lines)
+
+
+def _by_tier(route: contract.Route) -> dict[int, list[contract.Endpoint]]:
+    """The route's answering endpoints by tier, a rollout's split applied to their weights (a candidate
+    not yet taking traffic, or a shadow one, is left out: it never answers a client)."""
+    splits = route.get("splits", {})
+    tiers: dict[int, list[contract.Endpoint]] = {}
+    for endpoint in route["endpoints"]:
+        share = _share(endpoint, splits)
+        if share > 0:
+            tiers.setdefault(endpoint["priority"], []).append(
+                {**endpoint, "weight": endpoint["weight"] * share}
+            )
+    return tiers
+
+
+def _share(endpoint: contract.Endpoint, splits: dict[str, contract.Split]) -> int:
+    """Percent of its region's requests the endpoint's revision takes."""
+    split = splits.get(endpoint["region"])
+    if split is None:
+        return 0 if endpoint.get("track") == contract.CANDIDATE else 100
+    candidate = split["candidate"]
+    return candidate if endpoint.get("track") == contract.CANDIDATE else 100 - candidate
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    host, _, port = url.split("://", 1)[-1].split("/", 1)[0].rpartition(":")
+    return (host, int(port)) if host else (port, 80)
+
+
+def envoy(tenants: dict[str, contract.TenantRoutes], generation: int) -> dict[str, Any]:
+    """Envoy v3 clusters, one per (tenant, model): each tier an Envoy priority level, so Envoy fails over in
+    the table's order; within a level, the endpoints' weights (a rollout's split applied). A route with no
+    compliant endpoint is a cluster with none: Envoy answers 503, never from outside residency."""
+    clusters = []
+    for slug, view in sorted(tenants.items()):
+        for name, route in sorted(view["models"].items()):
+            cluster_name = f"{slug}__{name}"
+            levels = [
+                {
+                    "priority": level,
+                    "lb_endpoints": [
+                        {
+                            "endpoint": {"address": {"socket_address": _socket(e["url"])}},
+                            "load_balancing_weight": max(1, e["weight"]),
+                            "metadata": {
+                                "filter_metadata": {"llm": {"region": e["region"], "version": e["version"]}}
+                            },
+                        }
+                        for e in endpoints
+                    ],
+                }
+                for level, endpoints in enumerate(tiers for _, tiers in sorted(_by_tier(route).items()))
+            ]
+            clusters.append(
+                {
+                    "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+                    "name": cluster_name,
+                    "type": "STRICT_DNS",
+                    "connect_timeout": "2s",
+                    "lb_policy": "ROUND_ROBIN",
+                    "load_assignment": {"cluster_name": cluster_name, "endpoints": levels},
+                }
+            )
+    return {"version_info": str(generation), "resources": clusters}
+
+
+def _socket(url: str) -> dict[str, Any]:
+    host, port = _host_port(url)
+    return {"address": host, "port_value": port}
+
+
+SERVICE_HOST = re.compile(
+    r"(?P<service>[a-z0-9-]{1,63})\.(?P<namespace>[a-z0-9-]{1,63})\.svc(\.cluster\.local)?"
+)
+
+
+def gateway_api(
+    tenants: dict[str, contract.TenantRoutes], generation: int, gateway: str, namespace: str
+) -> list[dict[str, Any]]:
+    """Kubernetes Gateway API HTTPRoutes, one per (tenant, model), matched on the ``x-tenant`` and
+    ``x-model`` headers your gateway sets after authenticating: the first tier's Services as weighted
+    backends (a rollout's split applied). HTTPRoute has no failover order, so later tiers are left out:
+    regenerate on every table change (the ETag). Endpoints that are not Kubernetes Services (process
+    regions) cannot be backends and are left out; a route left with none has no backends and answers 500."""
+    routes = []
+    for slug, view in sorted(tenants.items()):
+        for name, route in sorted(view["models"].items()):
+            tiers = _by_tier(route)
+            first = tiers[min(tiers)] if tiers else []
+            backends = [_service_backend(e) for e in first]
+            rule = {
+                "matches": [
+                    {
+                        "path": {"type": "PathPrefix", "value": "/v1/"},
+                        "headers": [{"name": "x-tenant", "value": slug}, {"name": "x-model", "value": name}],
+                    }
+                ],
+                "backendRefs": [b for b in backends if b is not None],
+            }
+            routes.append(
+                {
+                    "apiVersion": "gateway.networking.k8s.io/v1",
+                    "kind": "HTTPRoute",
+                    "metadata": {
+                        "name": _dns_label(f"{slug}-{name}"),
+                        "namespace": namespace,
+                        "annotations": {"llm-control-plane/route-table-generation": str(generation)},
+                    },
+                    "spec": {"parentRefs": [{"name": gateway}], "rules": [rule]},
+                }
+            )
+    return routes
+
+
+def _service_backend(endpoint: contract.Endpoint) -> dict[str, Any] | None:
+    host, port = _host_port(endpoint["url"])
+    found = SERVICE_HOST.fullmatch(host)
+    if found is None:
+        return None
+    return {
+        "name": found["service"],
+        "namespace": found["namespace"],
+        "port": port,
+        "weight": max(1, endpoint["weight"]),
+    }
+
+
+def _dns_label(text: str) -> str:
+    """A Kubernetes object name: lower-case alphanumerics and '-', at most 63 characters."""
+    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
+    return label or "route"

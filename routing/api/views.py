@@ -2,11 +2,14 @@
 and the activation gateways ask for when they hold requests for a deployment at zero."""
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from django.http import HttpResponse
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -86,6 +89,40 @@ class NginxExportView(PrincipalMixin):
             selectors.tenants_view(self.principal, table.body.get("tenants", {})), table.generation
         )
         return HttpResponse(text, content_type="text/plain; charset=utf-8")  # type: ignore[return-value]
+
+
+class EnvoyExportView(PrincipalMixin):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        """The caller's routes as Envoy v3 clusters, a priority level per tier (for an Envoy of your own)."""
+        table = services.table_after("", 0)
+        mine = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
+        return Response(exports.envoy(mine, table.generation))
+
+
+class GatewayApiExportView(PrincipalMixin):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("gateway", str, description="the Gateway the routes attach to (llm-gateway)"),
+            OpenApiParameter("namespace", str, description="the routes' namespace (default)"),
+        ],
+        responses={(200, "application/yaml"): str},
+    )
+    def get(self, request: Request) -> Response:
+        """The caller's routes as Kubernetes Gateway API HTTPRoutes (YAML, one document per route)."""
+        gateway = _dns_name(request.query_params.get("gateway", "llm-gateway"), "gateway")
+        namespace = _dns_name(request.query_params.get("namespace", "default"), "namespace")
+        table = services.table_after("", 0)
+        mine = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
+        documents = exports.gateway_api(mine, table.generation, gateway, namespace)
+        text = yaml.safe_dump_all(documents, sort_keys=False)
+        return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
+
+
+def _dns_name(value: str, field: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", value):
+        raise ValidationFailed(f"{field} must be a Kubernetes name (lower-case letters, digits, '-').")
+    return value
 
 
 class HealthView(PrincipalMixin):

@@ -1,5 +1,6 @@
 """Validating rendered manifests against the schemas a cluster would: Kubernetes' own OpenAPI schemas
-(kubernetes-validate, strict) and KEDA's ScaledObject CRD (its openAPIV3Schema, with jsonschema).
+(kubernetes-validate, strict), KEDA's ScaledObject CRD and Gateway API's HTTPRoute CRD (their
+openAPIV3Schema, with jsonschema).
 
 The API server prunes fields a CRD's schema does not declare, or, with the strict field validation the
 driver asks for, refuses them; plain JSON Schema would let them through, so the CRD's schema is read
@@ -15,6 +16,8 @@ import kubernetes_validate
 import yaml
 
 KEDA_CRD = Path(__file__).parent / "data" / "keda.sh_scaledobjects.yaml"  # KEDA v2.20.2
+# Gateway API's standard channel, kubernetes-sigs/gateway-api at 4564255ac (its v1 HTTPRoute).
+HTTPROUTE_CRD = Path(__file__).parent / "data" / "gateway.networking.k8s.io_httproutes.yaml"
 
 
 def validate_kubernetes(manifest: dict[str, Any]) -> None:
@@ -43,4 +46,17 @@ def _scaled_object_validator() -> jsonschema.Draft7Validator:
 def scaled_object_errors(manifest: dict[str, Any]) -> list[str]:
     """What the ScaledObject CRD refuses in a manifest ([] when it validates), with each error's path."""
     errors = _scaled_object_validator().iter_errors(manifest)
+    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
+
+
+@cache
+def _http_route_validator() -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load(HTTPROUTE_CRD.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+
+
+def http_route_errors(manifest: dict[str, Any]) -> list[str]:
+    """What the HTTPRoute CRD (v1) refuses in a manifest ([] when it validates), with each error's path."""
+    errors = _http_route_validator().iter_errors(manifest)
     return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
