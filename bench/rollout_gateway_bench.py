@@ -132,7 +132,7 @@ def choice_cost(table: dict[str, object]) -> dict[str, float]:
     for name in ("plain", "canary", "shadow", "idle"):
         route = models[name]
         seconds = timeit.timeit(
-            lambda route=route: gateway._choose(route, set(), os.urandom(16).hex(), None, None),
+            lambda route=route: gateway.decide.choose(route, set(), os.urandom(16).hex(), None, None, []),
             number=number,
         )
         cost[f"choose ({name})"] = seconds / number * 1e6

@@ -15,25 +15,21 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
-from gateway.admission import Admission, request_priority
+from gateway.admission import request_priority
 from gateway.balancer import (
-    answering,
-    candidates,
     mirror_target,
-    on_track,
-    pick,
-    split_track,
     track_of,
 )
-from gateway.breakers import Breakers, RetryBudget
+from gateway.breakers import RetryBudget
 from gateway.config import RouteCache, Settings
+from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics
 from gateway.mirror import MirrorCopy, Mirrors
-from gateway.prefix import PrefixIndex, prompt_blocks
+from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.streaming import EventFilter
 from gateway.tracing import Tracing, trace_id, upstream_headers
@@ -67,12 +63,12 @@ class Gateway:
             lease_seconds=settings.limit_lease_seconds,
             retry_seconds=settings.redis_retry_seconds,
         )
-        self.breakers = Breakers(settings.ejection_seconds, settings.max_ejection_seconds)
         self.retries = RetryBudget(settings.retry_budget_ratio, settings.retry_budget_floor)
-        self.admission = Admission(settings.max_in_flight_per_endpoint)
-        self.prefixes = PrefixIndex(settings.prefix_index_entries, settings.prefix_imbalance)
         self.usage = UsageShipper(settings)
         self.metrics = GatewayMetrics()
+        self.decide = Decisions(settings, self.metrics)
+        self.breakers, self.admission = self.decide.breakers, self.decide.admission
+        self.prefixes = self.decide.prefixes
         self.tracing = Tracing()
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
@@ -187,8 +183,8 @@ class Gateway:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
             )
-        route = self._degrade(reply, tenant, view, name, route, preview)
-        refusal = self._refusal(tenant, view, name, route, priority, preview)
+        route = self.decide.degrade(reply, tenant, view, name, route, preview)
+        refusal = self.decide.refusal(tenant, view, name, route, priority, preview)
         if refusal is not None:
             status, message, code, extra = refusal
             return await reply.error(status, message, code, extra)
@@ -212,71 +208,6 @@ class Gateway:
         finally:
             # Its place in the tenant's requests in flight is free, its tokens count against the minute.
             await self.limits.finish(ticket, spent_tokens(seen))
-
-    def _degrade(
-        self,
-        reply: Reply,
-        tenant: str,
-        view: contract.TenantRoutes,
-        name: str,
-        route: contract.Route,
-        preview: str | None,
-    ) -> contract.Route:
-        """The route to serve: the model asked for, or its first fallback that can serve when it cannot
-        (no compliant endpoint: unavailable; saturated: capacity) or the tenant is past its budget's
-        degrade threshold (budget). A fallback is one of the tenant's own routes, whose endpoints the
-        control plane held to the tenant's residency like any other; none usable: the model asked for."""
-        fallbacks = route.get("fallbacks")
-        if not fallbacks:
-            return route
-        if not route["endpoints"] and "activatable" not in route:
-            reason = contract.UNAVAILABLE
-        elif view.get("degraded"):
-            reason = contract.BUDGET
-        elif self.admission.saturated(self._first_tier(route, preview)):
-            reason = contract.CAPACITY
-        else:
-            return route
-        for fallback in fallbacks:
-            other = view["models"].get(fallback)
-            if (
-                other
-                and other["endpoints"]
-                and not self.admission.saturated(self._first_tier(other, preview))
-            ):
-                reply.degraded, reply.served_name = reason, fallback
-                self.metrics.degrade(tenant, name, reason)
-                return other
-        return route
-
-    def _refusal(
-        self,
-        tenant: str,
-        view: contract.TenantRoutes,
-        name: str,
-        route: contract.Route,
-        priority: str,
-        preview: str | None,
-    ) -> tuple[int, str, str, dict[str, str] | None] | None:
-        """Why the request is refused before any limit is spent on it: no compliant region, a budget's
-        hard limit, or the model saturated for its class (status, message, code, extra headers)."""
-        if not route["endpoints"] and "activatable" not in route:
-            self.metrics.refuse(tenant, "unavailable")
-            return (
-                503,
-                route.get("unavailable", "No region can serve this model."),
-                "residency_unavailable",
-                None,
-            )
-        if view.get("blocked"):
-            self.metrics.refuse(tenant, "budget")
-            return 429, f"{tenant}: {view['blocked']}.", "insufficient_quota", None
-        shed = self.admission.shed(tenant, priority, self._first_tier(route, preview))
-        if shed:
-            self.metrics.refuse(tenant, "shed")
-            retry_after = {"retry-after": str(self.settings.shed_retry_after_seconds)}
-            return 503, f"The model '{name}' is saturated: {shed}.", "overloaded", retry_after
-        return None
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any
@@ -305,12 +236,6 @@ class Gateway:
     def _authenticate(self, headers: dict[str, str]) -> str | None:
         digest = bearer_digest(headers)
         return self.routes.tenant_of(digest, headers.get("openai-organization")) if digest else None
-
-    def _first_tier(self, route: contract.Route, preview: str | None) -> list[contract.Endpoint]:
-        """The endpoints a request's first attempt would choose from."""
-        return candidates(
-            answering(route["endpoints"], route.get("splits", {}), preview), self.breakers, set()
-        )
 
     async def _proxy(
         self,
@@ -359,7 +284,9 @@ class Gateway:
                 if attempt > 1 and not self.retries.allows_retry():
                     last_error += "; no retry left in the gateway's retry budget"
                     break
-                endpoint = self._choose(route, tried, affinity or reply.request_id, affinity, preview, hashes)
+                endpoint = self.decide.choose(
+                    route, tried, affinity or reply.request_id, affinity, preview, hashes
+                )
                 if endpoint is None:
                     break
                 tried.add(endpoint["url"])
@@ -384,7 +311,7 @@ class Gateway:
                         reconnected = True
                         tried.discard(endpoint["url"])
                         continue
-                    self._eject(endpoint, attempt, last_error)
+                    self.decide.eject(endpoint, attempt, last_error)
                     preview = self._after_failure(endpoint, preview, seen)
                     continue
                 finally:
@@ -403,41 +330,6 @@ class Gateway:
                 self._meter(reply, tenant, name, headers, priority, seen, started, wall, stream)
                 self._mirror(reply, tenant, name, route, path, payload, client_salt, seen, stream)
             finish_span(span, seen, seen.attempt, reply.degraded)
-
-    def _choose(
-        self,
-        route: contract.Route,
-        tried: set[str],
-        split_key: str,
-        affinity: str | None,
-        preview: str | None,
-        hashes: list[bytes],
-    ) -> contract.Endpoint | None:
-        """The endpoint for the next attempt: the tier, then the revision there, then the engine: a
-        session's own, else the one whose prefix cache likely holds the prompt, else by load."""
-        splits = route.get("splits", {})
-        tier = candidates(answering(route["endpoints"], splits, preview), self.breakers, tried)
-        if not tier:
-            return None
-        pool = on_track(tier, split_track(tier, splits, split_key, preview))
-        if affinity is None and hashes and len(pool) > 1:
-            chosen = self.prefixes.prefer(pool, hashes, self.admission.at_endpoint) or pick(pool, None)
-            self.prefixes.remember(hashes, chosen["url"])  # requests in flight fill its cache too
-            return chosen
-        return pick(pool, affinity)
-
-    def _eject(self, endpoint: contract.Endpoint, attempt: int, error: str) -> None:
-        seconds = self.breakers.failure(endpoint["url"])
-        # Said once per ejection: who stops getting traffic from this process, and why, is what an
-        # operator (or a rollout whose step saw traffic on one side only) needs to see.
-        log.warning(
-            "upstream %s (%s) ejected for %.0f s after attempt %d: %s",
-            endpoint["url"],
-            track_of(endpoint),
-            seconds,
-            attempt,
-            error,
-        )
 
     def _after_failure(self, endpoint: contract.Endpoint, preview: str | None, seen: Outcome) -> str | None:
         """The revision the next attempt asks for: after a candidate failed, the stable one, so a failing

@@ -1,12 +1,11 @@
-"""The route table for gateways of your own: Envoy v3 clusters (checked by Envoy's own protobuf schema, as
-xds-protos generates it from envoyproxy/data-plane-api) and Kubernetes Gateway API HTTPRoutes (checked by the
-v1 HTTPRoute CRD's schema): tiers as Envoy priorities, a rollout's split in the weights, a shadow candidate
-never a backend, an unavailable route with no backend; each tenant gets only its own routes."""
+"""The route table for gateways of your own: Envoy v3 clusters (checked by Envoy's own schema, as
+envoy-data-plane generates it from envoyproxy/data-plane-api) and Kubernetes Gateway API HTTPRoutes
+(checked by the v1 HTTPRoute CRD's schema): tiers as Envoy priorities, a rollout's split in the weights, a
+shadow candidate never a backend, an unavailable route with no backend; each tenant gets only its own."""
 
 import pytest
 import yaml
-from envoy.config.cluster.v3.cluster_pb2 import Cluster
-from google.protobuf import json_format
+from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 
 from gateway import contract
 from routing import services
@@ -60,17 +59,19 @@ def table() -> dict:  # type: ignore[type-arg]
 
 
 def test_envoy_clusters_are_valid_envoy_and_keep_the_tables_order_and_split():
+    with pytest.raises(KeyError):  # the schema is strict: a misspelt field is refused, not dropped
+        Cluster.from_dict({"name": "x", "load_assigment": {}})
     exported = envoy(table(), 7)
     assert exported["version_info"] == "7"
     clusters = {}
     for resource in exported["resources"]:
         kind = resource.pop("@type")
         assert kind == "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-        clusters[resource["name"]] = json_format.ParseDict(resource, Cluster())  # refuses unknown fields
+        clusters[resource["name"]] = Cluster.from_dict(resource)  # refuses unknown fields and bad types
     chat = clusters["acme__chat"].load_assignment.endpoints
     assert [level.priority for level in chat] == [0, 1]
     weights = {
-        e.endpoint.address.socket_address.address: e.load_balancing_weight.value for e in chat[0].lb_endpoints
+        e.endpoint.address.socket_address.address: e.load_balancing_weight for e in chat[0].lb_endpoints
     }
     assert weights == {"chat-a.llm-eu.svc.cluster.local": 7500, "chat-b.llm-eu.svc.cluster.local": 2500}
     assert chat[1].lb_endpoints[0].endpoint.address.socket_address.port_value == 8001
