@@ -46,14 +46,20 @@ def served(
     usage_ingest(actor=system(), records=records)
 
 
-def judged(world, make_region, tiny_model_dir, candidate_ms: float, count: int = 200) -> Rollout:  # type: ignore[no-untyped-def]
+def at_the_judged_pause(world, make_region, tiny_model_dir, steps) -> Rollout:  # type: ignore[no-untyped-def]
+    """A canary of 2.0.0 on acme's chat, its weight set, waiting in the judged pause that follows."""
     s = stage(world, make_region, tiny_model_dir)
     rollout = rollouts.rollout_start(
-        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
+        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=steps, analysis=TTFT_ONLY
     )
     rollout = drive(rollout, {"progressing"})
-    while rollout.step == 0:  # the weight is set
+    while rollout.step == 0:
         drive(rollout, {"progressing"})
+    return rollout
+
+
+def judged(world, make_region, tiny_model_dir, candidate_ms: float, count: int = 200) -> Rollout:  # type: ignore[no-untyped-def]
+    rollout = at_the_judged_pause(world, make_region, tiny_model_dir, STEPS)
     served(rollout, "1.0.0", "stable", 100.0, count, seed=1)
     served(rollout, "2.0.0", "candidate", candidate_ms, count, seed=2)
     controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=31))
@@ -114,13 +120,7 @@ def test_the_default_spec_in_a_region_without_prometheus_judges_by_the_gateway(
 def test_a_step_whose_baseline_got_too_few_requests_waits_for_it(world, make_region, tiny_model_dir):
     """Plenty of candidate requests and none yet for the baseline (a gateway sent it nothing for a while):
     no verdict on one side's records; judged once the baseline has its share."""
-    s = stage(world, make_region, tiny_model_dir)
-    rollout = rollouts.rollout_start(
-        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
-    )
-    rollout = drive(rollout, {"progressing"})
-    while rollout.step == 0:
-        drive(rollout, {"progressing"})
+    rollout = at_the_judged_pause(world, make_region, tiny_model_dir, STEPS)
     served(rollout, "2.0.0", "candidate", 100.0, 200, seed=4)
     served(rollout, "1.0.0", "stable", 100.0, 29, seed=5)
     controller.advance(rollout.pk, now=rollout.step_started_at + timedelta(seconds=31))
@@ -136,13 +136,7 @@ def test_a_step_whose_baseline_got_too_few_requests_waits_for_it(world, make_reg
 def test_a_baseline_short_of_requests_until_the_deadline_is_judged_inconclusive(
     world, make_region, tiny_model_dir
 ):
-    s = stage(world, make_region, tiny_model_dir)
-    rollout = rollouts.rollout_start(
-        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=STEPS, analysis=TTFT_ONLY
-    )
-    rollout = drive(rollout, {"progressing"})
-    while rollout.step == 0:
-        drive(rollout, {"progressing"})
+    rollout = at_the_judged_pause(world, make_region, tiny_model_dir, STEPS)
     served(rollout, "2.0.0", "candidate", 100.0, 200, seed=7)
     deadline = timedelta(seconds=rollout.progress_deadline_seconds + 1)
     controller.advance(rollout.pk, now=rollout.step_started_at + deadline)
@@ -152,14 +146,8 @@ def test_a_baseline_short_of_requests_until_the_deadline_is_judged_inconclusive(
 
 def test_a_warmup_leaves_the_steps_first_seconds_out_of_the_window(world, make_region, tiny_model_dir):
     """A candidate slow only in the seconds after its weight changed is judged on what came after."""
-    s = stage(world, make_region, tiny_model_dir)
     steps = [{"set_weight": 50}, {"pause": {"seconds": 40, "min_requests": 30, "warmup_seconds": 20}}]
-    rollout = rollouts.rollout_start(
-        actor=s.alice, deployment=s.deployment, version="2.0.0", steps=steps, analysis=TTFT_ONLY
-    )
-    rollout = drive(rollout, {"progressing"})
-    while rollout.step == 0:
-        drive(rollout, {"progressing"})
+    rollout = at_the_judged_pause(world, make_region, tiny_model_dir, steps)
     began = rollout.step_started_at
     served(rollout, "2.0.0", "candidate", 900.0, 100, seed=8, after=0)  # 0-20 s: the warm-up, slow
     served(rollout, "1.0.0", "stable", 100.0, 100, seed=9, after=0)

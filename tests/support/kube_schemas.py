@@ -37,26 +37,22 @@ def _strict(schema: Any) -> Any:
 
 
 @cache
-def _scaled_object_validator() -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load(KEDA_CRD.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1")
+def _crd_validator(crd_file: Path, version_name: str) -> jsonschema.Draft7Validator:
+    crd = yaml.safe_load(crd_file.read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == version_name)
     return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+
+
+def _errors(validator: jsonschema.Draft7Validator, manifest: dict[str, Any]) -> list[str]:
+    errors = validator.iter_errors(manifest)
+    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
 
 
 def scaled_object_errors(manifest: dict[str, Any]) -> list[str]:
     """What the ScaledObject CRD refuses in a manifest ([] when it validates), with each error's path."""
-    errors = _scaled_object_validator().iter_errors(manifest)
-    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
-
-
-@cache
-def _http_route_validator() -> jsonschema.Draft7Validator:
-    crd = yaml.safe_load(HTTPROUTE_CRD.read_text())
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
-    return jsonschema.Draft7Validator(_strict(version["schema"]["openAPIV3Schema"]))
+    return _errors(_crd_validator(KEDA_CRD, "v1alpha1"), manifest)
 
 
 def http_route_errors(manifest: dict[str, Any]) -> list[str]:
     """What the HTTPRoute CRD (v1) refuses in a manifest ([] when it validates), with each error's path."""
-    errors = _http_route_validator().iter_errors(manifest)
-    return sorted(f"{'.'.join(map(str, error.absolute_path))}: {error.message}" for error in errors)
+    return _errors(_crd_validator(HTTPROUTE_CRD, "v1"), manifest)
