@@ -202,3 +202,19 @@ def test_a_platform_token_stays_a_platform_token_when_its_owner_joins_a_tenant(w
     _, secret = token_create(actor=principal(world.auditor), name="p", scopes=["tenants:read"])
     MembershipFactory(user=world.auditor, tenant=world.tenant_a, role=TenantRole.ADMIN)
     assert api(secret=secret).get("/api/v1/me/").json()["tenants"] == {}
+
+
+def test_the_console_mints_a_batch_token_and_shows_it_and_refuses_an_unknown_priority(world, client):
+    client.force_login(world.alice)
+    form = {
+        "name": "nightly",
+        "owner": "me",
+        "scopes": ["models:invoke"],
+        "tenant": "acme",
+        "priority": "batch",
+    }
+    created = client.post("/tokens/", form)
+    assert created.status_code == 200 and "batch priority" in created.content.decode()
+    assert ApiToken.objects.get(name="nightly").priority == "batch"
+    refused = client.post("/tokens/", {**form, "name": "x", "priority": "urgent"})
+    assert refused.status_code == 400 and not ApiToken.objects.filter(name="x").exists()
