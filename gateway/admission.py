@@ -6,9 +6,9 @@ up), or this gateway process already has ``max_in_flight`` requests at it. Then:
 
 - **batch** requests are refused at once (503 ``overloaded`` with ``Retry-After``), so the engines' queues
   hold interactive work only and interactive latency stays what it was;
-- on a shared deployment (one engine pool serving every tenant), a tenant that already has its fair share
-  of this gateway's requests in flight there (in flight ÷ tenants with requests there) is refused too,
-  whatever its class, so one tenant's flood cannot starve the others;
+- on a shared deployment (one engine pool serving every tenant), a tenant that already has more than its
+  fair share of this gateway's requests in flight there (in flight ÷ tenants with requests there, rounded
+  up) is refused too, whatever its class, so one tenant's flood cannot starve the others;
 - everything else goes on and waits in the engine's queue as before.
 
 A request's class comes from its token (``priority``, set when the token is minted); the client may ask
@@ -68,7 +68,7 @@ class Admission:
         if not others:
             return False  # alone on it: nobody to starve
         fair = math.ceil(sum(tenants.values()) / len(tenants))  # among the tenants with requests there
-        return tenants.get(tenant, 0) >= fair
+        return tenants.get(tenant, 0) > fair  # only above it: tenants with equal shares all go on
 
     def start(self, endpoint: contract.Endpoint, tenant: str) -> None:
         url, deployment = endpoint["url"], endpoint["deployment"]

@@ -149,6 +149,12 @@ class Gateway:
             }
             return await reply.json(200, health)
         if path == "/metrics":
+            if not self._may_scrape(scope, headers):
+                return await reply.error(
+                    403,
+                    "Metrics name tenants: scrape from this host or with GATEWAY_METRICS_TOKEN.",
+                    "forbidden",
+                )
             return await reply.text(200, self._metrics_text())
         # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
         allowed = METHODS.get(path)
@@ -232,6 +238,16 @@ class Gateway:
             await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
             return None
         return held
+
+    def _may_scrape(self, scope: dict[str, Any], headers: dict[str, str]) -> bool:
+        """The metrics carry every tenant's traffic: with GATEWAY_METRICS_TOKEN set, only a scraper sending it
+        as a bearer token reads them; without it, only this host (Prometheus beside the gateway)."""
+        token = self.settings.metrics_token
+        if token:
+            sent = headers.get("authorization", "")
+            return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+        client = scope.get("client") or ("", 0)
+        return client[0] in ("127.0.0.1", "::1")
 
     def _authenticate(self, headers: dict[str, str]) -> str | None:
         digest = bearer_digest(headers)

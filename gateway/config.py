@@ -45,6 +45,7 @@ class Settings:
     mirror_timeout_seconds: float = 30.0  # a shadow copy's whole exchange, far below a client's 600 s
     hold_max_requests: int = 100  # requests held per (tenant, model) while its deployment wakes from zero
     hold_timeout_seconds: float = 600.0  # a held request still waiting after this gets 504
+    metrics_token: str = ""  # a scraper must send it to read /metrics; '' allows this host only
     redis_url: str = ""  # limits shared by every gateway process (gateway/fleet_limits.py); '' per process
     limit_lease_seconds: float = 60.0  # a place in flight a dead gateway held is free after this
     redis_retry_seconds: float = 5.0  # after Redis failed, limits are per process this long
@@ -87,6 +88,7 @@ class Settings:
             hold_max_requests=int(os.environ.get("GATEWAY_HOLD_MAX_REQUESTS", "100")),
             hold_timeout_seconds=float(os.environ.get("GATEWAY_HOLD_TIMEOUT_SECONDS", "600")),
             redis_url=os.environ.get("GATEWAY_REDIS_URL", ""),
+            metrics_token=os.environ.get("GATEWAY_METRICS_TOKEN", ""),
             limit_lease_seconds=float(os.environ.get("GATEWAY_LIMIT_LEASE_SECONDS", "60")),
             redis_retry_seconds=float(os.environ.get("GATEWAY_REDIS_RETRY_SECONDS", "5")),
         )

@@ -33,6 +33,7 @@ import math
 import os
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -85,12 +86,13 @@ local function reserve(held, leases, limit, want, process, lease)
   end
   local total = 0
   for _, n in ipairs(redis.call('HVALS', held)) do total = total + tonumber(n) end
+  -- Kept alive by every call, granting or not: places in use stay counted however long they run.
+  redis.call('EXPIRE', held, math.ceil(lease * 2) + 1)
+  redis.call('EXPIRE', leases, math.ceil(lease * 2) + 1)
   local grant = math.min(want, limit - total)
   if grant <= 0 then return 0 end
   redis.call('HINCRBY', held, process, grant)
   redis.call('ZADD', leases, now + lease, process)
-  redis.call('EXPIRE', held, math.ceil(lease * 2) + 1)
-  redis.call('EXPIRE', leases, math.ceil(lease * 2) + 1)
   return grant
 end
 local n = {}
@@ -102,18 +104,22 @@ return {
 }
 """
 )
-# KEYS: places held, leases. ARGV: process, places given back, lease seconds (renews what it keeps).
-RELEASE = """
+# KEYS: places held, leases. ARGV: process, the places it keeps (absolute, so a reply lost to a timeout
+# is corrected by the next call), lease seconds (renews what it keeps).
+HOLD = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local left = redis.call('HINCRBY', KEYS[1], ARGV[1], 0 - tonumber(ARGV[2]))  -- never "-0"
-if left <= 0 then
+local kept, lease = tonumber(ARGV[2]), tonumber(ARGV[3])
+if kept <= 0 then
   redis.call('HDEL', KEYS[1], ARGV[1])
   redis.call('ZREM', KEYS[2], ARGV[1])
 else
-  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+  redis.call('HSET', KEYS[1], ARGV[1], kept)
+  redis.call('ZADD', KEYS[2], now + lease, ARGV[1])
+  redis.call('EXPIRE', KEYS[1], math.ceil(lease * 2) + 1)
+  redis.call('EXPIRE', KEYS[2], math.ceil(lease * 2) + 1)
 end
-return left
+return kept
 """
 # KEYS: a bucket. ARGV: its limit per minute, the debt (tokens spent past an allowance, or negative: an
 # allowance handed back).
@@ -149,9 +155,15 @@ def _wants(have: "Allowance", limits: contract.TenantLimits) -> tuple[int, int, 
 def surplus(spare: int, size: int) -> int:
     """How many spare places to give back: all of them under a small limit (exact: another process may
     need the one place left), else down to one chunk once two have gathered (no call per request)."""
+    if spare <= 0:
+        return 0
     if size == 1:
         return spare
     return spare - size if spare >= 2 * size else 0
+
+
+class RedisTimeout(RedisError):
+    """Redis took too long (or was found down) for a decision that must not wait: decided locally."""
 
 
 @dataclass
@@ -215,7 +227,7 @@ class FleetLimits:
             retry=Retry(NoBackoff(), 0),  # a slow Redis must not make every request slower: fall back
         )
         self._admit = self.redis.register_script(ADMIT)
-        self._release = self.redis.register_script(RELEASE)
+        self._hold = self.redis.register_script(HOLD)
         self._charge = self.redis.register_script(CHARGE)
 
     @property
@@ -246,7 +258,7 @@ class FleetLimits:
         tpm, rpm = limits.get("tokens_per_minute", 0), limits.get("requests_per_minute", 0)
         places = limits.get("concurrent_requests", 0)
         if any(_wants(have, limits)) and time.monotonic() >= have.empty_until:
-            async with have.lock:
+            async with self._exchange(have):
                 # Again under the lock (the exchange someone else waited for may have brought it), and once
                 # more after an exchange: requests that ended meanwhile may have spent what it brought.
                 for _ in range(2):
@@ -314,57 +326,84 @@ class FleetLimits:
             self.local.finish(ticket.tenant, ticket.limits, tokens)
             return
         have = self.allowances.setdefault(ticket.tenant, Allowance())
-        per_minute = ticket.limits.get("tokens_per_minute", 0)
+        # What this process knows is settled first, with no await: a finish cut short (the task cancelled)
+        # has still freed its place and spent its tokens here; Redis learns by the next pass at the latest.
+        places, per_minute = (
+            ticket.limits.get("concurrent_requests", 0),
+            ticket.limits.get("tokens_per_minute", 0),
+        )
+        if places:
+            have.in_flight = max(0, have.in_flight - 1)
         if per_minute and tokens:
             have.tokens -= tokens
             have.tokens_per_minute = per_minute
-            if have.tokens <= -chunk(per_minute):  # a debt past a chunk is charged now, not in a second
-                async with have.lock:
-                    try:
-                        await self._charge_debt(ticket.tenant, have)
-                    except (RedisError, OSError) as exc:
-                        self._lost(exc)  # the debt stays, charged by the next pass
-        if ticket.limits.get("concurrent_requests"):
-            have.in_flight = max(0, have.in_flight - 1)
-            size = chunk(ticket.limits["concurrent_requests"])
-            if surplus(have.places - have.in_flight, size):
-                async with have.lock:
-                    extra = surplus(have.places - have.in_flight, size)
-                    if extra:
-                        await self._give_back(ticket.tenant, have, extra)
+        if not self.redis_up:
+            return
+        try:
+            if per_minute and have.tokens <= -chunk(per_minute):  # past a chunk: charged now, not in a second
+                async with self._exchange(have):
+                    await self._charge_debt(ticket.tenant, have)
+            if places and surplus(have.places - have.in_flight, chunk(places)):
+                async with self._exchange(have):
+                    await self._give_back(
+                        ticket.tenant, have, surplus(have.places - have.in_flight, chunk(places))
+                    )
+        except (RedisError, OSError) as exc:
+            self._lost(exc)  # kept here: the next pass settles it
 
     async def _give_back(self, tenant: str, have: Allowance, places: int) -> None:
-        """Return unused places, so other processes may have them; kept on failure (their lease ends)."""
+        """Return unused places, so other processes may have them."""
+        if places > 0:
+            await self._keep(tenant, have, have.places - places)
+
+    async def _keep(self, tenant: str, have: Allowance, kept: int) -> None:
+        """Hold ``kept`` places in Redis from now on. Counted here before the call, so no request admitted
+        meanwhile takes a place another process may already have; restored if the call fails."""
         _, _, held, leases = keys(tenant)
+        before, have.places = have.places, kept
         try:
             self.counts["redis_calls"] += 1
-            given: list[str | int | float] = [self.process, places, self.lease_seconds]
-            await self._release(keys=[held, leases], args=given)
-        except (RedisError, OSError) as exc:
-            self._lost(exc)
-        else:
-            have.places -= places
+            await self._hold(keys=[held, leases], args=[self.process, kept, self.lease_seconds])
+        except BaseException:
+            have.places = before
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _exchange(self, have: Allowance) -> AsyncIterator[None]:
+        """The tenant's lock for one Redis exchange, waited for no longer than a Redis call may take (a
+        slow Redis must not queue requests behind one another), and only while Redis is up."""
+        try:
+            await asyncio.wait_for(have.lock.acquire(), self.timeout_seconds * 2)
+        except TimeoutError as exc:
+            raise RedisTimeout("waited too long for this tenant's Redis exchange") from exc
+        try:
+            if not self.redis_up:
+                raise RedisTimeout("Redis was found down meanwhile")
+            yield
+        finally:
+            have.lock.release()
 
     async def renew_forever(self) -> None:
         """Every second (or third of a lease, if shorter): renew the places this process holds, give back
         the spare ones, and charge the tokens no allowance covered."""
         while self.url:
             await asyncio.sleep(min(ALLOWANCE_SECONDS, self.lease_seconds / 3))
+            if not self.redis_up:
+                continue
             try:
                 await self.renew_once()
             except (RedisError, OSError) as exc:
                 self._lost(exc)
+            except Exception:  # the leases must keep being renewed whatever one pass ran into
+                log.exception("renewing the gateway's shared limits failed")
 
     async def renew_once(self) -> None:
         for tenant, have in list(self.allowances.items()):
-            async with have.lock:
+            async with self._exchange(have):
                 if have.places:
-                    spare = max(0, have.places - have.in_flight)
-                    _, _, held, leases = keys(tenant)
-                    self.counts["redis_calls"] += 1
-                    renewal: list[str | int | float] = [self.process, spare, self.lease_seconds]
-                    await self._release(keys=[held, leases], args=renewal)
-                    have.places -= spare
+                    # One call: the places in use kept (their lease renewed), every spare one given back;
+                    # the absolute count also corrects a grant whose reply was lost to a timeout.
+                    await self._keep(tenant, have, have.in_flight)
                 self._allowance(tenant)  # hands back what was not spent in time
                 await self._settle(tenant, have)
 

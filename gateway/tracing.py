@@ -13,6 +13,7 @@ is only an id, so nothing a client sends there can change what the gateway does.
 
 import os
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -58,7 +59,9 @@ class Tracing:
         if self.provider is None:
             return None
         operation = OPERATIONS.get(path, "chat")
-        parent = PROPAGATOR.extract({k: v for k, v in headers.items() if k in ("traceparent", "tracestate")})
+        # Only the 55 characters of a traceparent: a client's tracestate (vendor data, up to the header limit)
+        # is neither logged when malformed nor passed on.
+        parent = PROPAGATOR.extract({"traceparent": headers.get("traceparent", "")[:55]})
         return self.tracer.start_span(
             f"{operation} {model}",
             context=parent,
@@ -85,6 +88,13 @@ def upstream_headers(span: Span | None) -> dict[str, str]:
     return carrier
 
 
+def _port(url: SplitResult) -> int:
+    try:
+        return url.port or (443 if url.scheme == "https" else 80)
+    except ValueError:  # not a port at all: the table never sends one, but a span must not fail a request
+        return 0
+
+
 def trace_id(span: Span | None) -> str:
     if span is None or isinstance(span, NonRecordingSpan):
         return ""
@@ -97,14 +107,14 @@ def finish(span: Span | None, outcome: Outcome, attempts: int, degraded: str) ->
         return
     endpoint = outcome.endpoint
     if endpoint is not None:
-        host, _, port = endpoint["url"].split("://", 1)[-1].partition(":")
+        url = urlsplit(endpoint["url"])
         span.set_attributes(
             {
                 "gen_ai.response.model": endpoint["version"],
                 "gen_ai.usage.input_tokens": usage_tokens(outcome.usage, "prompt_tokens"),
                 "gen_ai.usage.output_tokens": usage_tokens(outcome.usage, "completion_tokens"),
-                "server.address": host,
-                "server.port": int(port.split("/")[0] or 80),
+                "server.address": url.hostname or "",
+                "server.port": _port(url),
                 "gateway.region": endpoint["region"],
                 "gateway.tier": endpoint["priority"],
                 "gateway.track": endpoint.get("track", contract.STABLE),

@@ -2,6 +2,7 @@
 Gateway API HTTPRoutes. Each is computed from the caller's routes as the table has them, so nothing in an
 export can reach a region the table does not offer that tenant."""
 
+import hashlib
 import re
 from typing import Any
 
@@ -59,14 +60,17 @@ def _host_port(url: str) -> tuple[str, int]:
     return (host, int(port)) if host else (port, 80)
 
 
-def envoy(tenants: dict[str, contract.TenantRoutes], generation: int) -> dict[str, Any]:
-    """Envoy v3 clusters, one per (tenant, model): each tier an Envoy priority level, so Envoy fails over in
-    the table's order; within a level, the endpoints' weights (a rollout's split applied). A route with no
-    compliant endpoint is a cluster with none: Envoy answers 503, never from outside residency."""
+def envoy(tenants: dict[str, contract.TenantRoutes], generation: int, region: str = "") -> dict[str, Any]:
+    """Envoy v3 clusters, one per (tenant, model), named ``tenant/model``: each tier an Envoy priority level,
+    so Envoy fails over in the table's order; within a level, the endpoints' weights (a rollout's split
+    applied). A route with no compliant endpoint is a cluster with none: Envoy answers 503, never from
+    outside residency. An in-cluster Service name resolves in whichever cluster Envoy runs in, where the
+    same name may be another region's copy: such endpoints are exported only for the ``region`` named."""
     clusters = []
     for slug, view in sorted(tenants.items()):
         for name, route in sorted(view["models"].items()):
-            cluster_name = f"{slug}__{name}"
+            cluster_name = f"{slug}/{name}"  # neither a tenant slug nor a model name holds a '/'
+            route = _resolvable(route, region)
             levels = [
                 {
                     "priority": level,
@@ -107,17 +111,18 @@ SERVICE_HOST = re.compile(
 
 
 def gateway_api(
-    tenants: dict[str, contract.TenantRoutes], generation: int, gateway: str, namespace: str
+    tenants: dict[str, contract.TenantRoutes], generation: int, gateway: str, namespace: str, region: str
 ) -> list[dict[str, Any]]:
-    """Kubernetes Gateway API HTTPRoutes, one per (tenant, model), matched on the ``x-tenant`` and
-    ``x-model`` headers your gateway sets after authenticating: the first tier's Services as weighted
-    backends (a rollout's split applied). HTTPRoute has no failover order, so later tiers are left out:
-    regenerate on every table change (the ETag). Endpoints that are not Kubernetes Services (process
-    regions) cannot be backends and are left out; a route left with none has no backends and answers 500."""
+    """Kubernetes Gateway API HTTPRoutes for the cluster of one ``region``, one per (tenant, model),
+    matched on the ``x-tenant`` and ``x-model`` headers your gateway sets after authenticating: that
+    region's Services of the route's first tier as weighted backends (a rollout's split applied). Service
+    names resolve inside their own cluster only, so no other region's endpoint is exported. HTTPRoute has
+    no failover order: regenerate on every table change (the ETag). A route left with no backend (the
+    first tier elsewhere, or not Services) answers 500, never from another region."""
     routes = []
     for slug, view in sorted(tenants.items()):
         for name, route in sorted(view["models"].items()):
-            tiers = _by_tier(route)
+            tiers = _by_tier({**route, "endpoints": [e for e in route["endpoints"] if e["region"] == region]})
             first = tiers[min(tiers)] if tiers else []
             backends = [_service_backend(e) for e in first]
             rule = {
@@ -134,7 +139,7 @@ def gateway_api(
                     "apiVersion": "gateway.networking.k8s.io/v1",
                     "kind": "HTTPRoute",
                     "metadata": {
-                        "name": _dns_label(f"{slug}-{name}"),
+                        "name": _object_name(slug, name),
                         "namespace": namespace,
                         "annotations": {"llm-control-plane/route-table-generation": str(generation)},
                     },
@@ -157,7 +162,19 @@ def _service_backend(endpoint: contract.Endpoint) -> dict[str, Any] | None:
     }
 
 
-def _dns_label(text: str) -> str:
-    """A Kubernetes object name: lower-case alphanumerics and '-', at most 63 characters."""
-    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:63].strip("-")
-    return label or "route"
+def _object_name(slug: str, name: str) -> str:
+    """A Kubernetes object name for (tenant, model), unique however the two read once lower-cased and
+    cut to 63 characters: a short hash of the pair ends it."""
+    digest = hashlib.blake2b(f"{slug}/{name}".encode(), digest_size=4).hexdigest()
+    label = re.sub(r"[^a-z0-9-]+", "-", f"{slug}-{name}".lower()).strip("-")[:54].strip("-")
+    return f"{label}-{digest}" if label else f"route-{digest}"
+
+
+def _resolvable(route: contract.Route, region: str) -> contract.Route:
+    """The route without in-cluster Service endpoints of regions other than ``region``."""
+    endpoints = [
+        e
+        for e in route["endpoints"]
+        if e["region"] == region or not SERVICE_HOST.fullmatch(_host_port(e["url"])[0])
+    ]
+    return {**route, "endpoints": endpoints}

@@ -92,17 +92,28 @@ class NginxExportView(PrincipalMixin):
 
 
 class EnvoyExportView(PrincipalMixin):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "region", str, description="the region whose in-cluster Service names to include"
+            )
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def get(self, request: Request) -> Response:
         """The caller's routes as Envoy v3 clusters, a priority level per tier (for an Envoy of your own)."""
+        region = _region_param(request, required=False)
         table = services.table_after("", 0)
         mine = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
-        return Response(exports.envoy(mine, table.generation))
+        return Response(exports.envoy(mine, table.generation, region))
 
 
 class GatewayApiExportView(PrincipalMixin):
     @extend_schema(
         parameters=[
+            OpenApiParameter(
+                "region", str, required=True, description="the region whose cluster they are for"
+            ),
             OpenApiParameter("gateway", str, description="the Gateway the routes attach to (llm-gateway)"),
             OpenApiParameter("namespace", str, description="the routes' namespace (default)"),
         ],
@@ -112,11 +123,26 @@ class GatewayApiExportView(PrincipalMixin):
         """The caller's routes as Kubernetes Gateway API HTTPRoutes (YAML, one document per route)."""
         gateway = _dns_name(request.query_params.get("gateway", "llm-gateway"), "gateway")
         namespace = _dns_name(request.query_params.get("namespace", "default"), "namespace")
+        region = _region_param(request, required=True)
         table = services.table_after("", 0)
         mine = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
-        documents = exports.gateway_api(mine, table.generation, gateway, namespace)
+        documents = exports.gateway_api(mine, table.generation, gateway, namespace, region)
         text = yaml.safe_dump_all(documents, sort_keys=False)
         return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
+
+
+def _region_param(request: Request, *, required: bool) -> str:
+    """The region (cluster) an export is for: in-cluster Service names resolve only there."""
+    code = request.query_params.get("region", "")
+    if not code and not required:
+        return ""
+    if not Region.objects.filter(code=code).exists():
+        raise ValidationFailed(
+            "region must name the region whose cluster the export is for "
+            "(Service names resolve only inside their own cluster).",
+            detail={"region": ["Unknown or missing."]},
+        )
+    return code
 
 
 def _dns_name(value: str, field: str) -> str:

@@ -60,6 +60,10 @@ def test_on_a_saturated_shared_deployment_a_tenant_past_its_fair_share_waits_for
     assert "fair share" in admission.shed("acme", "interactive", tier)  # 6 of 7, fair is 4
     assert admission.shed("globex", "interactive", tier) == ""
     assert admission.shed("initech", "interactive", tier) == ""  # none in flight yet
+    balanced = Admission()
+    for tenant in ("acme", "globex"):
+        balanced.start(tier[0], tenant)
+    assert balanced.shed("acme", "interactive", tier) == ""  # equal shares: everyone goes on
     dedicated = [full("http://own")]
     assert admission.shed("acme", "interactive", dedicated) == ""  # only shared pools are split fairly
 

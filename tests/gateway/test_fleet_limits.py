@@ -264,3 +264,21 @@ def test_far_below_every_limit_nothing_is_refused_however_requests_interleave(re
         return [s for s in said if s]
 
     assert run(story()) == []
+
+
+def test_a_place_in_use_stays_counted_however_long_its_request_runs(redis_url):
+    """Refused requests grant nothing; the keys must live on through the renewals of the running one."""
+    tenant, limits = fresh_tenant(), {"concurrent_requests": 1}
+
+    async def story() -> list[str]:
+        running, other = await both(redis_url, lease_seconds=1)  # the keys would expire after 3 s
+        await running.admit(tenant, limits)
+        said = []
+        for _ in range(10):  # 5 s
+            await asyncio.sleep(0.5)
+            await running.renew_once()
+            said.append((await other.admit(tenant, limits))[0])
+        await running.close(), await other.close()
+        return said
+
+    assert set(run(story())) == {"requests in flight (1)"}

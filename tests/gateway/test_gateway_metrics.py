@@ -54,3 +54,18 @@ def test_a_client_cannot_add_labels(gw):
     for n in range(20):
         assert gw.chat(model=f"made-up-{n}").status == 404
     assert not [k for k in samples(gw) if any(v.startswith("made-up") for _, v in k[1])]
+
+
+def test_metrics_name_tenants_so_only_this_host_or_a_scraper_with_the_token_reads_them(tmp_path):
+    world = GatewayWorld(tmp_path)
+    try:
+        scope = {"client": ("10.1.2.3", 40000)}
+        assert not world.gateway._may_scrape(scope, {})  # another host, no token configured
+        assert world.gateway._may_scrape({"client": ("::1", 1)}, {})
+        world.gateway.settings.metrics_token = "scrape-secret"
+        assert world.gateway._may_scrape(scope, {"authorization": "Bearer scrape-secret"})
+        assert not world.gateway._may_scrape(scope, {"authorization": "Bearer wrong"})
+        assert not world.gateway._may_scrape({"client": ("127.0.0.1", 1)}, {})  # a token, once set, is needed
+        assert world.call("GET", "/metrics", tenant=None).status == 403
+    finally:
+        world.close()

@@ -96,3 +96,14 @@ def test_without_an_otlp_endpoint_nothing_is_traced(gw):
     assert gw.gateway.tracing.provider is None
     assert gw.chat().status == 200
     assert "traceparent" not in gw.engine.seen[-1]["headers"]
+
+
+def test_an_ipv6_engine_and_a_huge_tracestate_are_traced_without_trouble(traced):
+    gw, receiver = traced
+    gw.serve({"endpoints": [{**endpoint(gw.engine.url), "url": "http://[::1]:9"}], "preferred": ""})
+    answer = gw.chat(headers={"tracestate": "x=" + "y" * 60_000})  # [::1]:9 refuses: 502, still a span
+    assert answer.status == 502
+    gw.gateway.tracing.provider.force_flush()
+    ((_, span),) = receiver.spans
+    found = attributes(span)
+    assert found["server.address"] == "::1" and found["server.port"] == 9 and found["error.type"] == "502"

@@ -61,29 +61,36 @@ def table() -> dict:  # type: ignore[type-arg]
 def test_envoy_clusters_are_valid_envoy_and_keep_the_tables_order_and_split():
     with pytest.raises(KeyError):  # the schema is strict: a misspelt field is refused, not dropped
         Cluster.from_dict({"name": "x", "load_assigment": {}})
-    exported = envoy(table(), 7)
+    exported = envoy(table(), 7, "eu-west-1")
     assert exported["version_info"] == "7"
     clusters = {}
     for resource in exported["resources"]:
         kind = resource.pop("@type")
         assert kind == "type.googleapis.com/envoy.config.cluster.v3.Cluster"
         clusters[resource["name"]] = Cluster.from_dict(resource)  # refuses unknown fields and bad types
-    chat = clusters["acme__chat"].load_assignment.endpoints
+    chat = clusters["acme/chat"].load_assignment.endpoints
     assert [level.priority for level in chat] == [0, 1]
     weights = {
         e.endpoint.address.socket_address.address: e.load_balancing_weight for e in chat[0].lb_endpoints
     }
     assert weights == {"chat-a.llm-eu.svc.cluster.local": 7500, "chat-b.llm-eu.svc.cluster.local": 2500}
     assert chat[1].lb_endpoints[0].endpoint.address.socket_address.port_value == 8001
-    shadowed = clusters["acme__shadowed"].load_assignment.endpoints
+    shadowed = clusters["acme/shadowed"].load_assignment.endpoints
     assert [e.endpoint.address.socket_address.address for e in shadowed[0].lb_endpoints] == [
         "chat-c.llm-eu.svc.cluster.local"
     ]
-    assert not clusters["acme__down"].load_assignment.endpoints  # fail closed: Envoy answers 503
+    assert not clusters["acme/down"].load_assignment.endpoints  # fail closed: Envoy answers 503
+    # For another cluster, this region's Service names would resolve to that cluster's own copies: left out.
+    elsewhere = {c["name"]: c for c in envoy(table(), 7, "eu-central-1")["resources"]}
+    (level,) = elsewhere["acme/chat"]["load_assignment"]["endpoints"]
+    assert [e["endpoint"]["address"]["socket_address"]["address"] for e in level["lb_endpoints"]] == [
+        "10.0.0.7"
+    ]
 
 
 def test_http_routes_are_valid_gateway_api_and_name_only_services_of_the_first_tier():
-    routes = {r["metadata"]["name"]: r for r in gateway_api(table(), 7, "llm-gateway", "tenants")}
+    exported = gateway_api(table(), 7, "llm-gateway", "tenants", "eu-west-1")
+    routes = {r["metadata"]["name"].rsplit("-", 1)[0]: r for r in exported}
     for route in routes.values():
         assert http_route_errors(route) == [], route
     (rule,) = routes["acme-chat"]["spec"]["rules"]
@@ -93,20 +100,37 @@ def test_http_routes_are_valid_gateway_api_and_name_only_services_of_the_first_t
     assert headers == {"x-tenant": "acme", "x-model": "chat"}
     assert [b["name"] for b in routes["acme-shadowed"]["spec"]["rules"][0]["backendRefs"]] == ["chat-c"]
     assert routes["acme-down"]["spec"]["rules"][0]["backendRefs"] == []
+    other_cluster = gateway_api(table(), 7, "llm-gateway", "tenants", "eu-central-1")
+    assert all(r["spec"]["rules"][0]["backendRefs"] == [] for r in other_cluster)  # never eu-west-1's names
+
+
+def test_export_names_never_collide():
+    one = {"models": {"eu-llama": {"endpoints": [], "preferred": ""}}, "limits": {}, "blocked": ""}
+    two = {"models": {"llama": {"endpoints": [], "preferred": ""}}, "limits": {}, "blocked": ""}
+    tenants = {"acme": one, "acme-eu": two}
+    names = [r["metadata"]["name"] for r in gateway_api(tenants, 1, "gw", "default", "eu-west-1")]
+    assert len(set(names)) == 2 and all(len(n) <= 63 for n in names)
+    assert len({c["name"] for c in envoy(tenants, 1)["resources"]}) == 2
 
 
 @pytest.mark.django_db
-def test_each_caller_exports_only_its_own_routes_and_bad_parameters_are_400(world, api):
+def test_each_caller_exports_only_its_own_routes_and_bad_parameters_are_400(world, api, make_region):
     services.publish()
-    for path in ("envoy/", "gateway-api/"):
+    make_region("eu-west-1", "EU")
+    for path in ("envoy/", "gateway-api/?region=eu-west-1"):
         assert api(world.alice).get(f"/api/v1/routing/export/{path}").status_code == 200
         assert api().get(f"/api/v1/routing/export/{path}").status_code == 401
     envoy_of_bob = api(world.bob).get("/api/v1/routing/export/envoy/").json()
-    assert all(not c["name"].startswith(f"{world.tenant_a.slug}__") for c in envoy_of_bob["resources"])
-    routes = list(yaml.safe_load_all(api(world.bob).get("/api/v1/routing/export/gateway-api/").content))
+    assert all(not c["name"].startswith(f"{world.tenant_a.slug}/") for c in envoy_of_bob["resources"])
+    reply = api(world.bob).get("/api/v1/routing/export/gateway-api/", {"region": "eu-west-1"})
+    routes = list(yaml.safe_load_all(reply.content))
     assert all(
         r["spec"]["rules"][0]["matches"][0]["headers"][0]["value"] != world.tenant_a.slug for r in routes
     )
     for bad in ("Upper", "a_b", "x" * 70, "-x", "a\x00b", "../etc"):
-        reply = api(world.alice).get("/api/v1/routing/export/gateway-api/", {"gateway": bad})
+        reply = api(world.alice).get(
+            "/api/v1/routing/export/gateway-api/", {"gateway": bad, "region": "eu-west-1"}
+        )
         assert reply.status_code == 400 and set(reply.json()) == {"error"}
+    for region in ({}, {"region": "mars-1"}):  # Service names resolve only inside their cluster: say which
+        assert api(world.alice).get("/api/v1/routing/export/gateway-api/", region).status_code == 400

@@ -268,6 +268,7 @@ class GatewayWorld:
     async def _call(self, method: str, path: str, chunks: list[bytes], headers: dict[str, str]) -> Answer:
         scope = {
             "type": "http",
+            "client": ("127.0.0.1", 50000),  # a client on this host, as uvicorn reports it
             "method": method,
             "path": path,
             "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()],
