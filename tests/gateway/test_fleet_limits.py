@@ -4,6 +4,7 @@ freed when requests end or their lease runs out; Redis down means per-process li
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -12,7 +13,10 @@ from tests.support.redis import fresh_tenant
 
 
 def run(coroutine):  # type: ignore[no-untyped-def]
-    return asyncio.run(coroutine)
+    """The story in an event loop of its own, on a thread of its own: the main thread may already run one
+    (Playwright's sync API leaves its loop there once a browser test has run)."""
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        return thread.submit(asyncio.run, coroutine).result(timeout=120)
 
 
 async def both(url: str, **options: float) -> tuple[FleetLimits, FleetLimits]:
