@@ -11,7 +11,12 @@ fixed chat-completion JSON), so what is measured is what the proxy adds. wrk is 
   auth, routing or metering: the Python floor our gateway is built on;
 - gateway, features on: the same gateway with the tenant's limits set (requests, tokens and requests in
   flight, all far above the load, so nothing is refused but every request pays for them), shared through
-  Redis (``--redis``, default ``redis://127.0.0.1:6379/1``), and the route table marking load;
+  Redis (``--redis``, default ``redis://127.0.0.1:6379/1``), the route table marking load, prefix routing
+  on, and the response cache on for the model (its store in the same Redis): every request is
+  deterministic (temperature 0) and different (a counter in the prompt), so each one is looked up, misses,
+  and its answer is written to the cache: the cache's whole cost on a miss;
+- gateway, cache hits: the same, with one fixed request, so every request after the first is answered
+  from the cache (no upstream): what a hit costs;
 - with ``--baseline CHECKOUT``, that checkout's gateway (e.g. a ``git worktree`` of the commit before) on the
   same table, so "today's gateway" and the new one are measured in one run;
 - litellm: wrk → LiteLLM proxy (one worker) → upstream, when ``--litellm`` names its executable
@@ -47,7 +52,24 @@ ANSWER = {
     ],
     "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
 }
-BODY = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8})
+BODY = json.dumps(
+    {"model": "chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "temperature": 0}
+)
+# Every side gets the same request stream: deterministic (temperature 0), each one different (the wrk thread
+# and a counter in the prompt, after a nonce per wrk run), so no response cache ever answers it.
+VARYING = (
+    'wrk.method = "POST"\n'
+    'wrk.headers["Content-Type"] = "application/json"\n'
+    f'wrk.headers["Authorization"] = "Bearer {TOKEN}"\n'
+    "local threads = 0\n"
+    "function setup(thread) threads = threads + 1; thread:set('id', threads) end\n"
+    "function init(args) nonce = args[1] or ''; counter = 0 end\n"
+    "function request()\n"
+    "  counter = counter + 1\n"
+    '  return wrk.format(nil, nil, nil, \'{"model":"chat","messages":[{"role":"user","content":"hello \''
+    " .. nonce .. '-' .. id .. '-' .. counter .. '\"}],\"max_tokens\":8,\"temperature\":0}')\n"
+    "end\n"
+)
 
 
 def free_port() -> int:
@@ -153,13 +175,17 @@ def gateway_table(upstream: int, limits: dict[str, int] | None = None) -> dict[s
         "artifact_sha256": "0" * 64,
         "shared": False,
         "saturated": False,
+        "jurisdiction": "EU",
     }
+    route: dict[str, object] = {"endpoints": [endpoint], "preferred": "local-1"}
+    if limits:  # the features-on table: the model's answers cached too
+        route["cache"] = {"ttl_seconds": 60, "places": [{"jurisdiction": "EU", "artifact_sha256": "0" * 64}]}
     body = {
         "tenants": {
             "bench": {
                 "limits": limits or {},
                 "blocked": "",
-                "models": {"chat": {"endpoints": [endpoint], "preferred": "local-1"}},
+                "models": {"chat": route},
             }
         },
         "credentials": {
@@ -186,6 +212,8 @@ def wrk(port: int, connections: int, seconds: int, script: Path) -> dict[str, fl
             "-s",
             str(script),
             f"http://127.0.0.1:{port}/v1/chat/completions",
+            "--",
+            str(time.time_ns()),  # the varying script's nonce: no run repeats another's requests
         ],
         capture_output=True,
         text=True,
@@ -230,8 +258,9 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/1", help="the Redis limits are shared in")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    script = folder / "chat.lua"
-    script.write_text(
+    script, fixed = folder / "chat.lua", folder / "fixed.lua"
+    script.write_text(VARYING)
+    fixed.write_text(
         'wrk.method = "POST"\n'
         f"wrk.body = '{BODY}'\n"
         'wrk.headers["Content-Type"] = "application/json"\n'
@@ -265,9 +294,11 @@ def main() -> None:
         bare = start([sys.executable, "-c", BARE_PROXY, str(port), f"http://127.0.0.1:{upstream}"])
         measure("bare aiohttp proxy", port, args.seconds, script, results)
         stop(bare)
+        features = {"GATEWAY_REDIS_URL": args.redis, "GATEWAY_RESPONSE_CACHE_STORES": f"EU={args.redis}"}
         sides = [
-            ("our gateway", ROOT, control, {}),
-            ("gateway, features on", ROOT, limited, {"GATEWAY_REDIS_URL": args.redis}),
+            ("our gateway", ROOT, control, {}, script),
+            ("gateway, features on", ROOT, limited, features, script),
+            ("gateway, cache hits", ROOT, limited, features, fixed),
         ]
         if args.baseline:
             sides.insert(
@@ -277,10 +308,11 @@ def main() -> None:
                     args.baseline.resolve(),
                     limited,
                     {"PYTHONPATH": str(args.baseline.resolve())},
+                    script,
                 ),
             )
         for workers in (1, 2):
-            for name, checkout, plane, env in sides:
+            for name, checkout, plane, env, requests in sides:
                 port = free_port()
                 gateway = start(
                     [sys.executable, "-m", "gateway", "--port", str(port), "--workers", str(workers)],
@@ -291,7 +323,7 @@ def main() -> None:
                     **env,
                 )
                 time.sleep(2)  # route table fetched
-                measure(f"{name}, {workers}w", port, args.seconds, script, results)
+                measure(f"{name}, {workers}w", port, args.seconds, requests, results)
                 stop(gateway)
         if args.litellm:
             port = free_port()

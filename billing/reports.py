@@ -50,6 +50,7 @@ class Line:
     requests: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_requests: int = 0  # of ``requests``, answered by the gateways' response cache (no GPU ran)
 
 
 @dataclass
@@ -146,7 +147,9 @@ def _serving(segment: CapacitySegment) -> bool:
 def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Report:
     """Every cost and usage line of [start, end): GPU cost attributed per tenant, idle and evaluation apart.
 
-    Mirrored requests (a shadow candidate's copies, which the client never saw) are no tenant's: they
+    Requests answered from the response cache are the tenant's requests and tokens, with no GPU cost: they
+    do not weigh in a shared deployment's split. Mirrored requests (a shadow candidate's copies, which the
+    client never saw) are no tenant's: they
     neither count as a tenant's tokens nor weigh in a shared deployment's split; they and the evaluation
     capacity they ran on make the platform's ``EVALUATION`` lines.
 
@@ -156,7 +159,8 @@ def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Rep
     costs = segment_costs(segments, _prices(), start, end)
     usage = usage_by_hour(start, end)
     billed = [row for row in usage if row["track"] != UsageTrack.MIRROR]
-    tokens = _tokens(billed)
+    # A cached answer ran on no GPU: it weighs nothing in a shared deployment's split.
+    tokens = _tokens([row for row in billed if row["track"] != UsageTrack.CACHE])
     capacity = _serving_capacity(costs, about)
     weight = Decimal(str(settings.BILLING_PROMPT_TOKEN_WEIGHT))
     report = Report(start, end, settings.BILLING_CURRENCY)
@@ -283,6 +287,7 @@ def _add_usage(
                 requests=row["requests"],
                 prompt_tokens=row["prompt"],
                 completion_tokens=row["completion"],
+                cached_requests=row["requests"] if row["track"] == UsageTrack.CACHE else 0,
             )
         )
 
@@ -395,6 +400,7 @@ def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> 
                 "cost": Decimal(0),
                 "gpu_hours": Decimal(0),
                 "requests": 0,
+                "cached_requests": 0,
                 "prompt_tokens": 0,
                 "completion_tokens": 0,
             },
@@ -402,6 +408,7 @@ def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> 
         row["cost"] += line.cost
         row["gpu_hours"] += line.gpu_hours
         row["requests"] += line.requests
+        row["cached_requests"] += line.cached_requests
         row["prompt_tokens"] += line.prompt_tokens
         row["completion_tokens"] += line.completion_tokens
     hosted = Decimal(str(settings.BILLING_HOSTED_PRICE_PER_1M))

@@ -25,12 +25,20 @@ from gateway.config import RouteCache, Settings
 from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
-from gateway.inbound import Refused, parse_payload, preview_track, read_body, session_key
+from gateway.inbound import (
+    Refused,
+    client_request_id,
+    parse_payload,
+    preview_track,
+    read_body,
+    session_key,
+)
 from gateway.metering import Outcome, spent_tokens, usage_record
-from gateway.metrics import GatewayMetrics
+from gateway.metrics import GatewayMetrics, exposition
 from gateway.mirror import MirrorCopy, Mirrors
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
+from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
 from gateway.streaming import EventFilter
 from gateway.tracing import Tracing, trace_id, upstream_headers
 from gateway.tracing import finish as finish_span
@@ -70,6 +78,9 @@ class Gateway:
         self.breakers, self.admission = self.decide.breakers, self.decide.admission
         self.prefixes = self.decide.prefixes
         self.tracing = Tracing()
+        self.cache = ResponseCache(
+            parse_stores(settings.response_cache_stores), settings.response_cache_max_bytes
+        )
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
@@ -100,6 +111,7 @@ class Gateway:
             asyncio.create_task(self.routes.follow(self.session)),
             asyncio.create_task(self.usage.ship_forever(self.session)),
             asyncio.create_task(self.limits.renew_forever()),
+            asyncio.create_task(self.cache.follow(self.routes)),
         ]
 
     async def stop(self) -> None:
@@ -113,6 +125,7 @@ class Gateway:
             self.usage.close()
             await self.session.close()
         await self.limits.close()
+        await self.cache.close()
         self.tracing.shutdown()  # the spans still batched go out
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -146,6 +159,7 @@ class Gateway:
                 "mirrors": self.mirrors.stats(),
                 "holds": self.holds.stats(),
                 "limits": self.limits.stats(),
+                "response_cache": self.cache.stats(),
             }
             return await reply.json(200, health)
         if path == "/metrics":
@@ -190,7 +204,10 @@ class Gateway:
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
             )
         route = self.decide.degrade(reply, tenant, view, name, route, preview)
-        refusal = self.decide.refusal(tenant, view, name, route, priority, preview)
+        # A preview asks for a revision by name: the cache (the stable revision's answers) is not it.
+        lookup = None if preview else self.cache.lookup(tenant, path, payload, route)
+        hit = await self.cache.get(lookup) if lookup and not view.get("blocked") else None
+        refusal = None if hit else self.decide.refusal(tenant, view, name, route, priority, preview)
         if refusal is not None:
             status, message, code, extra = refusal
             return await reply.error(status, message, code, extra)
@@ -202,6 +219,8 @@ class Gateway:
             )
         seen = Outcome()
         try:
+            if hit is not None:  # no engine runs: nothing is held, shed or counted as tokens
+                return await self._answer_cached(reply, tenant, name, path, headers, priority, hit, seen)
             held = None
             if not route["endpoints"]:  # at zero: wait for it to wake (gateway/hold.py)
                 held = await self._hold(reply, tenant, name, headers, receive)
@@ -209,11 +228,11 @@ class Gateway:
                     return
                 route, view = held.route, self.routes.view(tenant)
             await self._proxy(
-                reply, tenant, name, route, path, payload, headers, preview, priority, seen, held
+                reply, tenant, name, route, path, payload, headers, preview, priority, seen, held, lookup
             )
         finally:
             # Its place in the tenant's requests in flight is free, its tokens count against the minute.
-            await self.limits.finish(ticket, spent_tokens(seen))
+            await self.limits.finish(ticket, 0 if hit else spent_tokens(seen))
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any
@@ -266,9 +285,12 @@ class Gateway:
         priority: str,
         seen: Outcome,
         held: Held | None = None,
+        lookup: Lookup | None = None,
     ) -> None:
         assert self.session is not None
         stream = bool(payload.get("stream"))
+        if lookup is not None:  # keep the answer for the cache, as the client gets it
+            reply.cache, seen.kept, seen.keep_limit = "miss", [], self.cache.max_entry_bytes
         asked_for_usage = payload.get("stream_options", {}).get("include_usage") is True
         if stream and path != "/v1/embeddings":
             # So the last event counts tokens; that usage-only event reaches the client only if it asked.
@@ -334,6 +356,9 @@ class Gateway:
                     self.retries.retries -= attempt > 1
                     self.admission.end(endpoint, tenant)
                 self.breakers.success(endpoint["url"])
+                if lookup is not None and seen.status == 200:
+                    meta = entry_meta(endpoint, seen.content_type, seen.usage)
+                    self.cache.put(lookup, endpoint, seen.kept, meta, stream)
                 return
             seen.status = 502
             await reply.error(502, f"Every eligible endpoint failed ({last_error}).", "upstream_failed")
@@ -345,7 +370,39 @@ class Gateway:
             if seen.endpoint is not None:
                 self._meter(reply, tenant, name, headers, priority, seen, started, wall, stream)
                 self._mirror(reply, tenant, name, route, path, payload, client_salt, seen, stream)
-            finish_span(span, seen, seen.attempt, reply.degraded)
+            finish_span(span, seen, seen.attempt, reply.degraded, reply.cache)
+
+    async def _answer_cached(
+        self,
+        reply: Reply,
+        tenant: str,
+        name: str,
+        path: str,
+        headers: dict[str, str],
+        priority: str,
+        hit: Hit,
+        seen: Outcome,
+    ) -> None:
+        """The cached answer, metered as a request on the cache track (no GPU ran for it)."""
+        started, wall = time.perf_counter(), datetime.now(UTC)
+        span = self.tracing.start(
+            headers, path, name, {"gateway.tenant": tenant, "gateway.priority": priority}
+        )
+        reply.trace_id, reply.cache = trace_id(span), "hit"
+        seen.restart(cached_endpoint(hit.meta), 1)
+        seen.usage = hit.meta.get("usage", {})
+        extra = {"x-served-region": hit.meta["region"], "x-model-version": hit.meta["version"]}
+        try:
+            await reply.start(200, hit.meta["content_type"], extra, length=len(hit.body))
+            seen.status, seen.ttft_ms = 200, (time.perf_counter() - started) * 1e3
+            await reply.chunk(hit.body, more=False)
+        except BaseException:
+            seen.status = 499
+            raise
+        finally:
+            stream = hit.meta["content_type"].startswith("text/event-stream")
+            self._meter(reply, tenant, name, headers, priority, seen, started, wall, stream)
+            finish_span(span, seen, 1, reply.degraded, reply.cache)
 
     def _after_failure(self, endpoint: contract.Endpoint, preview: str | None, seen: Outcome) -> str | None:
         """The revision the next attempt asks for: after a candidate failed, the stable one, so a failing
@@ -475,6 +532,7 @@ class Gateway:
                 "x-model-version": endpoint["version"],
             }
             content_type = upstream.headers.get("Content-Type", "application/json")
+            seen.content_type = content_type
             if stream and content_type.startswith("text/event-stream"):
                 await reply.start(upstream.status, content_type, extra)
                 seen.status = upstream.status
@@ -485,8 +543,11 @@ class Gateway:
                     data = events.feed(chunk)
                     seen.usage = events.usage  # tokens seen so far count even if the stream breaks
                     if data:
+                        seen.keep(data)
                         await reply.chunk(data)
-                await reply.chunk(events.flush(), more=False)
+                rest = events.flush()
+                seen.keep(rest)
+                await reply.chunk(rest, more=False)
                 return
             seen.ttft_ms = (time.perf_counter() - sent) * 1e3  # a whole answer's first byte: its headers
             body = await upstream.read()
@@ -495,6 +556,7 @@ class Gateway:
                 seen.usage = json.loads(body).get("usage") or {}
             except (ValueError, AttributeError):
                 seen.usage = {}
+            seen.keep(body)
             await reply.start(upstream.status, content_type, extra, length=len(body))
             await reply.chunk(body, more=False)
 
@@ -504,15 +566,16 @@ class Gateway:
         held for a deployment at zero (waiting now, and how holds ended) and the activation calls."""
         rollout = {"candidate_failures": self.candidate_failures}
         return (
-            _exposition("gateway_usage_", self.usage.stats(), gauges={"backlog", "spool_bytes"})
-            + _exposition("gateway_mirrors_", self.mirrors.stats(), gauges={"in_flight"})
-            + _exposition("gateway_rollout_", rollout, gauges=set())
-            + _exposition("gateway_hold_", self.holds.stats(), gauges={"held_now"})
-            + _exposition("gateway_limits_", self.limits.stats(), gauges={"redis_configured", "redis_up"})
-            + _exposition("gateway_admission_", self.admission.stats(), gauges=set())
-            + _exposition("gateway_prefix_", self.prefixes.stats(), gauges={"entries"})
-            + _exposition("gateway_circuits_", self.breakers.stats(), gauges={"open", "half_open"})
-            + _exposition(
+            exposition("gateway_usage_", self.usage.stats(), gauges={"backlog", "spool_bytes"})
+            + exposition("gateway_mirrors_", self.mirrors.stats(), gauges={"in_flight"})
+            + exposition("gateway_rollout_", rollout, gauges=set())
+            + exposition("gateway_hold_", self.holds.stats(), gauges={"held_now"})
+            + exposition("gateway_limits_", self.limits.stats(), gauges={"redis_configured", "redis_up"})
+            + exposition("gateway_admission_", self.admission.stats(), gauges=set())
+            + exposition("gateway_prefix_", self.prefixes.stats(), gauges={"entries"})
+            + exposition("gateway_circuits_", self.breakers.stats(), gauges={"open", "half_open"})
+            + exposition("gateway_response_cache_", self.cache.stats(), gauges={"stores"})
+            + exposition(
                 "gateway_retries_", self.retries.stats(), gauges={"requests_in_flight", "retries_in_flight"}
             )
             + self.metrics.text()
@@ -533,21 +596,6 @@ def broken_connection(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
         exc, aiohttp.ClientConnectorError
     )
-
-
-def client_request_id(headers: dict[str, str]) -> str:
-    """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
-    raw = headers.get("x-request-id", "").strip()
-    return "".join(c for c in raw if " " <= c <= "~")[:128]
-
-
-def _exposition(prefix: str, values: dict[str, int], gauges: set[str]) -> str:
-    lines = []
-    for name, value in values.items():
-        kind = "gauge" if name in gauges else "counter"
-        metric = prefix + name + ("_total" if kind == "counter" else "")
-        lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
-    return "\n".join(lines) + "\n"
 
 
 app = Gateway(Settings.from_env())

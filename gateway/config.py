@@ -49,6 +49,10 @@ class Settings:
     redis_url: str = ""  # limits shared by every gateway process (gateway/fleet_limits.py); '' per process
     limit_lease_seconds: float = 60.0  # a place in flight a dead gateway held is free after this
     redis_retry_seconds: float = 5.0  # after Redis failed, limits are per process this long
+    # The response cache's Redis per jurisdiction, "EU=redis://…,US=redis://…" (gateway/response_cache.py);
+    # '' caches nothing. Cached prompts and answers live in the store of the jurisdiction that served them.
+    response_cache_stores: str = ""
+    response_cache_max_bytes: int = 2**20  # a larger answer is not cached
 
     def usage_dir(self) -> Path:
         if self.state_dir is not None:
@@ -91,6 +95,8 @@ class Settings:
             metrics_token=os.environ.get("GATEWAY_METRICS_TOKEN", ""),
             limit_lease_seconds=float(os.environ.get("GATEWAY_LIMIT_LEASE_SECONDS", "60")),
             redis_retry_seconds=float(os.environ.get("GATEWAY_REDIS_RETRY_SECONDS", "5")),
+            response_cache_stores=os.environ.get("GATEWAY_RESPONSE_CACHE_STORES", ""),
+            response_cache_max_bytes=int(os.environ.get("GATEWAY_RESPONSE_CACHE_MAX_BYTES", str(2**20))),
         )
 
 

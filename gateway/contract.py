@@ -16,8 +16,9 @@ from typing import NotRequired, TypedDict
 # The revisions a route may name in one region: the stable one, and during a rollout its candidate.
 STABLE, CANDIDATE = "stable", "candidate"
 # What a usage record says served the request: a revision, or a copy sent to the candidate (shadow),
-# which the client never saw and no tenant pays for.
+# which the client never saw and no tenant pays for, or the response cache (no engine ran: no GPU cost).
 MIRROR = "mirror"
+CACHED = "cache"
 # A request's class when a model is saturated, highest first: the lower ones are shed first.
 INTERACTIVE, BATCH = "interactive", "batch"
 PRIORITIES = (INTERACTIVE, BATCH)
@@ -38,6 +39,7 @@ class Endpoint(TypedDict):
     served_model: str  # what the engine answers to (the gateway rewrites "model" to it)
     artifact_sha256: str
     shared: bool  # a platform deployment serving every tenant: its prefix cache is salted per tenant
+    jurisdiction: NotRequired[str]  # its region's (where a response it served may be cached)
     track: NotRequired[str]  # STABLE or CANDIDATE; absent (an older control plane) means STABLE
     # The engine is full: requests wait in its queue or its KV cache is nearly used up (vLLM's gauges, as
     # the router last read them). Absent (an older control plane) means not saturated.
@@ -49,6 +51,21 @@ class Split(TypedDict):
 
     candidate: int
     mirror: int
+
+
+class CachePlace(TypedDict):
+    """Where a route's answers may be cached: the store of a jurisdiction the tenant's data may be in (a
+    region serving it is there), for a production version's weights."""
+
+    jurisdiction: str
+    artifact_sha256: str
+
+
+class ResponseCache(TypedDict):
+    """A route the tenant opted in to the gateways' response cache for (gateway/response_cache.py)."""
+
+    ttl_seconds: int
+    places: list[CachePlace]  # in the route's order; empty: no production version is served now
 
 
 class Activatable(TypedDict):
@@ -76,6 +93,7 @@ class Route(TypedDict):
     splits: NotRequired[dict[str, Split]]
     activatable: NotRequired[Activatable]
     fallbacks: NotRequired[list[str]]  # the tenant's other model names to try, in order (see gateway/app.py)
+    cache: NotRequired[ResponseCache]  # present only when the tenant opted in for this model
 
 
 class TenantLimits(TypedDict, total=False):
@@ -147,7 +165,9 @@ class UsageRecord(TypedDict):
     attempts: NotRequired[int]
     stream: NotRequired[bool]
     ttft_ms: NotRequired[float]  # to the first byte of the answer (a stream's first event)
-    track: NotRequired[str]  # STABLE, CANDIDATE or MIRROR (a shadow copy: never billed to the tenant)
+    # STABLE, CANDIDATE, MIRROR (a shadow copy: never billed to the tenant) or CACHED (answered from the
+    # response cache: counted as a request, no GPU cost attributed)
+    track: NotRequired[str]
     # Attempts at a rollout's candidate that failed before the first byte and were retried elsewhere: the
     # client never saw them, the rollout's analysis counts them as the candidate's errors.
     candidate_errors: NotRequired[int]

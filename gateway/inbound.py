@@ -101,3 +101,9 @@ def session_key(headers: dict[str, str], payload: dict[str, Any]) -> str | None:
     ``user``."""
     key = headers.get("x-session-id") or payload.get("user")
     return key[:LONGEST_SESSION_KEY] if isinstance(key, str) and key else None
+
+
+def client_request_id(headers: dict[str, str]) -> str:
+    """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
+    raw = headers.get("x-request-id", "").strip()
+    return "".join(c for c in raw if " " <= c <= "~")[:128]

@@ -20,11 +20,26 @@ class Outcome:
     ttft_ms: float | None = None  # from sending upstream to the first byte: None when none came
     attempt: int = 0
     candidate_errors: int = 0  # candidate attempts that failed before the first byte (all attempts)
+    # The answer's bytes as the client got them, kept for the response cache (None: not kept, or too big).
+    kept: list[bytes] | None = None
+    kept_bytes: int = 0
+    keep_limit: int = 0
+    content_type: str = ""
 
     def restart(self, endpoint: contract.Endpoint, attempt: int) -> None:
         """A new attempt: only its own answer counts."""
         self.endpoint, self.attempt = endpoint, attempt
         self.status, self.usage, self.ttft_ms = 502, {}, None
+        if self.kept is not None:
+            self.kept, self.kept_bytes = [], 0
+
+    def keep(self, data: bytes) -> None:
+        """Keep part of the answer for the cache; past ``keep_limit`` keep none of it."""
+        if self.kept is not None:
+            self.kept.append(data)
+            self.kept_bytes += len(data)
+            if self.kept_bytes > self.keep_limit:
+                self.kept = None
 
 
 def usage_tokens(usage: Any, key: str) -> int:

@@ -107,3 +107,12 @@ class GatewayMetrics:
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+def exposition(prefix: str, values: dict[str, int], gauges: set[str]) -> str:
+    lines = []
+    for name, value in values.items():
+        kind = "gauge" if name in gauges else "counter"
+        metric = prefix + name + ("_total" if kind == "counter" else "")
+        lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
+    return "\n".join(lines) + "\n"

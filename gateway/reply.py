@@ -15,6 +15,7 @@ class Reply:
         self.degraded, self.served_name = "", ""
         self.trace_headers: dict[str, str] = {}  # traceparent for the engine, when tracing is on
         self.trace_id = ""
+        self.cache = ""  # x-cache: "hit" or "miss" for a request the response cache looked up, else ""
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:
@@ -32,6 +33,8 @@ class Reply:
             headers.append((b"x-held-ms", f"{self.held_ms:.0f}".encode()))
         if self.degraded:
             headers.append((b"x-degraded", self.degraded.encode()))
+        if self.cache:
+            headers.append((b"x-cache", self.cache.encode()))
         if length is not None:
             headers.append((b"content-length", str(length).encode()))
         await self._send({"type": "http.response.start", "status": status, "headers": headers})

@@ -101,7 +101,7 @@ def trace_id(span: Span | None) -> str:
     return format(span.get_span_context().trace_id, "032x")
 
 
-def finish(span: Span | None, outcome: Outcome, attempts: int, degraded: str) -> None:
+def finish(span: Span | None, outcome: Outcome, attempts: int, degraded: str, cache: str = "") -> None:
     """What the routing decided and how the exchange ended, then the span's end."""
     if span is None:
         return
@@ -126,6 +126,7 @@ def finish(span: Span | None, outcome: Outcome, attempts: int, degraded: str) ->
             "http.response.status_code": outcome.status,
             "gateway.attempts": attempts,
             "gateway.degraded": degraded,
+            "gateway.cache": cache,  # hit, miss, or '' when the request was not to be cached
         }
     )
     if outcome.ttft_ms is not None:

@@ -4,4 +4,7 @@ from routing import views
 
 app_name = "routing"
 
-urlpatterns = [path("", views.routing, name="routing")]
+urlpatterns = [
+    path("", views.routing, name="routing"),
+    path("response-cache/", views.response_cache, name="response-cache"),
+]

@@ -1,5 +1,6 @@
 """The route table in formats existing gateways consume: nginx upstreams, Envoy clusters and Kubernetes
-Gateway API HTTPRoutes. Each is computed from the caller's routes as the table has them, so nothing in an
+Gateway API HTTPRoutes (with InferencePools where the cluster runs the Gateway API Inference Extension).
+Each is computed from the caller's routes as the table has them, so nothing in an
 export can reach a region the table does not offer that tenant."""
 
 import hashlib
@@ -7,6 +8,7 @@ import re
 from typing import Any
 
 from gateway import contract
+from regions.drivers.kubernetes import workload_of_service
 
 
 def nginx(tenants: dict[str, contract.TenantRoutes], generation: int) -> str:
@@ -110,21 +112,40 @@ SERVICE_HOST = re.compile(
 )
 
 
+INFERENCE_GROUP = "inference.networking.k8s.io"
+ENDPOINT_PICKER_PORT = 9002  # the Inference Extension's endpoint picker (EPP) listens here by default
+
+
 def gateway_api(
-    tenants: dict[str, contract.TenantRoutes], generation: int, gateway: str, namespace: str, region: str
+    tenants: dict[str, contract.TenantRoutes],
+    generation: int,
+    gateway: str,
+    namespace: str,
+    region: str,
+    inference_pools: bool = False,
 ) -> list[dict[str, Any]]:
     """Kubernetes Gateway API HTTPRoutes for the cluster of one ``region``, one per (tenant, model),
     matched on the ``x-tenant`` and ``x-model`` headers your gateway sets after authenticating: that
     region's Services of the route's first tier as weighted backends (a rollout's split applied). Service
     names resolve inside their own cluster only, so no other region's endpoint is exported. HTTPRoute has
     no failover order: regenerate on every table change (the ETag). A route left with no backend (the
-    first tier elsewhere, or not Services) answers 500, never from another region."""
-    routes = []
+    first tier elsewhere, or not Services) answers 500, never from another region.
+
+    With ``inference_pools`` (the cluster runs the Gateway API Inference Extension), each backend is an
+    ``InferencePool`` instead of a Service: the pool selects that workload's vLLM pods and names its endpoint
+    picker (``<pool>-epp``, port 9002, fail closed), which chooses the pod by queue and KV-cache load; the
+    pools come after the routes, one per workload however many routes use it."""
+    routes, pools = [], {}
     for slug, view in sorted(tenants.items()):
         for name, route in sorted(view["models"].items()):
             tiers = _by_tier({**route, "endpoints": [e for e in route["endpoints"] if e["region"] == region]})
             first = tiers[min(tiers)] if tiers else []
             backends = [_service_backend(e) for e in first]
+            if inference_pools:
+                for backend in filter(None, backends):
+                    pools[(backend["namespace"], backend["name"])] = _pool(backend, generation)
+                    backend.update(group=INFERENCE_GROUP, kind="InferencePool")
+                    del backend["port"]  # a pool's port is its own (targetPorts)
             rule = {
                 "matches": [
                     {
@@ -146,7 +167,30 @@ def gateway_api(
                     "spec": {"parentRefs": [{"name": gateway}], "rules": [rule]},
                 }
             )
-    return routes
+    return routes + [pools[key] for key in sorted(pools)]
+
+
+def _pool(backend: dict[str, Any], generation: int) -> dict[str, Any]:
+    """The InferencePool of one workload's Service: the pods the Service selects (our Kubernetes driver
+    labels them with the workload's name: ``app.kubernetes.io/instance``), on the port it forwards to."""
+    return {
+        "apiVersion": f"{INFERENCE_GROUP}/v1",
+        "kind": "InferencePool",
+        "metadata": {
+            "name": backend["name"],
+            "namespace": backend["namespace"],
+            "annotations": {"llm-control-plane/route-table-generation": str(generation)},
+        },
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": workload_of_service(backend["name"])}},
+            "targetPorts": [{"number": backend["port"]}],
+            "endpointPickerRef": {
+                "name": f"{backend['name']}-epp"[:63],
+                "port": {"number": ENDPOINT_PICKER_PORT},
+                "failureMode": "FailClose",
+            },
+        },
+    }
 
 
 def _service_backend(endpoint: contract.Endpoint) -> dict[str, Any] | None:

@@ -71,3 +71,24 @@ class RoutingEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+class ResponseCachePolicy(models.Model):
+    """A tenant's opt-in to the gateways' response cache for one model name: deterministic requests
+    (temperature 0 or a fixed seed, embeddings) are answered again from the cache for ``ttl_seconds``."""
+
+    tenant = models.ForeignKey(
+        "controlplane.Tenant", on_delete=models.CASCADE, related_name="response_caches"
+    )
+    model_name = models.CharField(max_length=100)
+    ttl_seconds = models.PositiveIntegerField()
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["tenant__slug", "model_name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "model_name"], name="one_response_cache_per_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.model_name}: {self.ttl_seconds} s"

@@ -66,6 +66,7 @@ class Placement:
     activatable: bool = False  # at zero replicas because idle (not paused by hand): a request wakes it
     overflow_of: str = ""  # the region whose overflow this one takes (the autoscaler spilled here): its tier
     fallbacks: tuple[str, ...] = ()  # the deployment's fallback model names, in order
+    production: bool = False  # the version is in production: the only answers the response cache keeps
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class TenantPolicy:
     limits: contract.TenantLimits = field(default_factory=contract.TenantLimits)
     blocked: str = ""  # why gateways refuse every new request (a budget's hard limit)
     degraded: str = ""  # why gateways send requests to fallbacks (past the budget's degrade threshold)
+    response_cache: dict[str, int] = field(default_factory=dict)  # model name → TTL seconds (opted in)
 
 
 # An engine with requests in its queue has every sequence slot (or KV block) taken; past this KV-cache use
@@ -183,6 +185,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
             "served_model": placement.served_model,
             "artifact_sha256": placement.artifact_sha256,
             "shared": placement.shared,
+            "jurisdiction": placement.jurisdiction,
             "track": placement.track,
             "saturated": saturated(endpoint),
         }
@@ -207,10 +210,25 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
         woken = _activatable(policy, mine)
         if woken is not None:
             entry["activatable"] = woken
+    ttl = policy.response_cache.get(mine[0].name) if mine else None
+    if ttl:
+        entry["cache"] = {"ttl_seconds": ttl, "places": _cache_places(compliant)}
     fallbacks = next((p.fallbacks for p in mine if p.track == contract.STABLE), ())
     if fallbacks:
         entry["fallbacks"] = list(fallbacks)  # kept by route_table only where the tenant has them
     return entry
+
+
+def _cache_places(compliant: list[Placement]) -> list[contract.CachePlace]:
+    """Where the route's answers may be cached: the jurisdictions of the regions residency lets serve
+    this tenant, for the production versions of their stable revisions (a candidate's answers are not
+    kept). Healthy or not: a cached answer may still be given while a region's engines are down."""
+    places = dict.fromkeys(
+        (p.jurisdiction, p.artifact_sha256)
+        for p in compliant
+        if p.track == contract.STABLE and p.production and p.artifact_sha256
+    )
+    return [{"jurisdiction": j, "artifact_sha256": digest} for j, digest in places]
 
 
 def _with_fallbacks(models: dict[str, contract.Route]) -> dict[str, contract.Route]:

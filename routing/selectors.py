@@ -23,8 +23,9 @@ from regions.choices import DeploymentState, RegionStatus, TargetRole, TargetSta
 from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
 from regions.workloads import target_version
+from registry.choices import VersionStatus
 from routing.choices import Health, RoutingEventKind
-from routing.models import EndpointHealth, RouteTable, RoutingEvent
+from routing.models import EndpointHealth, ResponseCachePolicy, RouteTable, RoutingEvent
 from routing.routes import Endpoint, Placement, TenantPolicy, route_table
 
 
@@ -36,6 +37,11 @@ def visible_tenants(principal: Principal) -> set[str] | None:
 def tenants_view(principal: Principal, tenants: dict[str, Any]) -> dict[str, Any]:
     allowed = visible_tenants(principal)
     return tenants if allowed is None else {slug: view for slug, view in tenants.items() if slug in allowed}
+
+
+def response_caches(principal: Principal) -> QuerySet[ResponseCachePolicy]:
+    """The response-cache opt-ins of the tenants the caller sees deployments of."""
+    return scoped(ResponseCachePolicy.objects.select_related("tenant"), principal, Scope.DEPLOYMENTS_READ)
 
 
 def endpoint_health(principal: Principal) -> QuerySet[EndpointHealth]:
@@ -135,6 +141,11 @@ def _location(region: Region | None) -> tuple[float, float] | None:
 
 def policies(now: datetime | None = None) -> list[TenantPolicy]:
     regions = {r.code: r for r in Region.objects.all()}
+    caches: dict[int, dict[str, int]] = {}
+    for tenant_id, name, ttl in ResponseCachePolicy.objects.values_list(
+        "tenant_id", "model_name", "ttl_seconds"
+    ):
+        caches.setdefault(tenant_id, {})[name] = ttl
     blocked = over_budget(now=now)
     degraded = past_degrade_threshold(now=now)
     return [
@@ -154,6 +165,7 @@ def policies(now: datetime | None = None) -> list[TenantPolicy]:
                 if tenant.pk in degraded
                 else ""
             ),
+            response_cache=caches.get(tenant.pk, {}),
         )
         for tenant in Tenant.objects.filter(status=TenantStatus.ACTIVE)
     ]
@@ -224,6 +236,7 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 activatable=_activatable(target),
                 overflow_of=target.overflow_of,
                 fallbacks=tuple(deployment.fallbacks),
+                production=version.status == VersionStatus.PRODUCTION,
             )
             for caller in callers
         ]

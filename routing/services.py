@@ -4,6 +4,7 @@ state machine; one code path for the loop, the API and tests. Reads are in ``rou
 import hashlib
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable
 from datetime import datetime
@@ -13,8 +14,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.models import BudgetAlert
-from core.choices import AuditSource
-from core.errors import InvalidTransition
+from core.choices import AuditSource, Scope
+from core.errors import InvalidTransition, NotFound, ValidationFailed
 from core.models import Tenant
 from core.principal import Principal
 from core.services.audit import audit_record
@@ -29,7 +30,7 @@ from routing.choices import (
     Health,
     RoutingEventKind,
 )
-from routing.models import EndpointHealth, RouteTable, RoutingEvent
+from routing.models import EndpointHealth, ResponseCachePolicy, RouteTable, RoutingEvent
 from routing.routes import route_table
 
 log = logging.getLogger(__name__)
@@ -212,4 +213,69 @@ def forget_endpoints(live: Iterable[str]) -> None:
 
 def republish_for_budgets(alerts: list[BudgetAlert]) -> None:
     """A budget listener: a spent hard limit reaches the gateways with the next table generation."""
+    publish()
+
+
+MAX_CACHE_TTL_SECONDS = 7 * 24 * 3600
+MODEL_NAME = re.compile(r"[-a-zA-Z0-9_]{1,40}")  # a deployment's name: what clients put in "model"
+
+
+def response_cache_set(
+    *, actor: Principal, tenant: Tenant, model_name: str, ttl_seconds: int
+) -> ResponseCachePolicy:
+    """Opt the tenant in to the gateways' response cache for one model name (or change its TTL); gateways
+    cache from the next route table, published here."""
+    actor.require(Scope.DEPLOYMENTS_WRITE, tenant.pk)
+    if not MODEL_NAME.fullmatch(model_name):
+        raise ValidationFailed(
+            "A model name is a deployment's name: letters, digits, - and _ (at most 40).",
+            detail={"model_name": ["Not a deployment name."]},
+        )
+    if not 1 <= ttl_seconds <= MAX_CACHE_TTL_SECONDS:
+        raise ValidationFailed(
+            f"ttl_seconds must be 1 to {MAX_CACHE_TTL_SECONDS} (a week).",
+            detail={"ttl_seconds": ["Out of range."]},
+        )
+    with transaction.atomic():
+        policy = (
+            ResponseCachePolicy.objects.select_for_update()
+            .filter(tenant=tenant, model_name=model_name)
+            .first()
+        )
+        before = {"ttl_seconds": policy.ttl_seconds} if policy else None
+        if policy is None:
+            policy = ResponseCachePolicy(tenant=tenant, model_name=model_name, ttl_seconds=ttl_seconds)
+        policy.ttl_seconds, policy.updated_at = ttl_seconds, timezone.now()
+        policy.save()
+        audit_record(
+            actor=actor,
+            action="response_cache.set",
+            target=policy,
+            tenant=tenant,
+            before=before,
+            after={"model_name": model_name, "ttl_seconds": ttl_seconds},
+        )
+    publish()
+    return policy
+
+
+def response_cache_clear(*, actor: Principal, tenant: Tenant, model_name: str) -> None:
+    """Opt out: gateways stop caching with the next table and delete the tenant's entries for the model."""
+    actor.require(Scope.DEPLOYMENTS_WRITE, tenant.pk)
+    with transaction.atomic():
+        policy = (
+            ResponseCachePolicy.objects.select_for_update()
+            .filter(tenant=tenant, model_name=model_name)
+            .first()
+        )
+        if policy is None:
+            raise NotFound(f"{tenant.slug} has no response cache for '{model_name}'.")
+        audit_record(
+            actor=actor,
+            action="response_cache.cleared",
+            target=policy,
+            tenant=tenant,
+            before={"model_name": model_name, "ttl_seconds": policy.ttl_seconds},
+        )
+        policy.delete()
     publish()

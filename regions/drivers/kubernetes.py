@@ -266,9 +266,17 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
     return [deployment, service]
 
 
+SERVICE_SUFFIX = "-engine"
+
+
 def service_name(workload: str) -> str:
     # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://… and vLLM reads VLLM_PORT as its own setting.
-    return f"{workload}-engine"
+    return f"{workload}{SERVICE_SUFFIX}"
+
+
+def workload_of_service(service: str) -> str:
+    """The workload (``app.kubernetes.io/instance`` of its pods) whose Service this is."""
+    return service.removesuffix(SERVICE_SUFFIX)
 
 
 @contextmanager

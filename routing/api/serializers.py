@@ -6,7 +6,7 @@ from typing import Any
 from rest_framework import serializers
 
 from core.api.conventions import StrictSerializer
-from routing.models import EndpointHealth, RoutingEvent
+from routing.models import EndpointHealth, ResponseCachePolicy, RoutingEvent
 
 
 class StrictCharField(serializers.CharField):
@@ -69,3 +69,18 @@ class RoutingEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = RoutingEvent
         fields = ["kind", "tenant", "model_name", "from_region", "to_region", "message", "generation", "at"]
+
+
+class ResponseCacheSetSerializer(StrictSerializer):
+    ttl_seconds = StrictIntegerField(
+        min_value=1, max_value=7 * 24 * 3600, help_text="How long an answer is kept"
+    )
+
+
+class ResponseCacheSerializer(serializers.ModelSerializer):
+    tenant = serializers.CharField(source="tenant.slug", read_only=True)
+
+    class Meta:
+        model = ResponseCachePolicy
+        fields = ["tenant", "model_name", "ttl_seconds", "updated_at"]
+        read_only_fields = fields

@@ -14,4 +14,10 @@ urlpatterns = [
     path("routing/events/", views.EventsView.as_view(), name="events"),
     path("routing/what-if/", views.WhatIfView.as_view(), name="what-if"),
     path("routing/activations/", views.ActivationView.as_view(), name="activations"),
+    path("routing/response-cache/", views.ResponseCacheListView.as_view(), name="response-caches"),
+    path(
+        "routing/response-cache/<str:tenant>/<str:model>/",
+        views.ResponseCacheView.as_view(),
+        name="response-cache",
+    ),
 ]

@@ -14,6 +14,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core import selectors as core_selectors
 from core.api.conventions import idempotent
 from core.api.views import ERRORS, PrincipalMixin
 from core.choices import Scope
@@ -25,6 +26,8 @@ from routing.api.serializers import (
     ActivationResultSerializer,
     ActivationSerializer,
     EndpointHealthSerializer,
+    ResponseCacheSerializer,
+    ResponseCacheSetSerializer,
     RoutingEventSerializer,
 )
 
@@ -116,17 +119,26 @@ class GatewayApiExportView(PrincipalMixin):
             ),
             OpenApiParameter("gateway", str, description="the Gateway the routes attach to (llm-gateway)"),
             OpenApiParameter("namespace", str, description="the routes' namespace (default)"),
+            OpenApiParameter(
+                "inference_pools",
+                bool,
+                description="1: the cluster runs the Gateway API Inference Extension",
+            ),
         ],
         responses={(200, "application/yaml"): str},
     )
     def get(self, request: Request) -> Response:
-        """The caller's routes as Kubernetes Gateway API HTTPRoutes (YAML, one document per route)."""
+        """The caller's routes as Kubernetes Gateway API HTTPRoutes (YAML, one document per route), and with
+        ``inference_pools=1`` the InferencePools behind them."""
         gateway = _dns_name(request.query_params.get("gateway", "llm-gateway"), "gateway")
         namespace = _dns_name(request.query_params.get("namespace", "default"), "namespace")
         region = _region_param(request, required=True)
         table = services.table_after("", 0)
         mine = selectors.tenants_view(self.principal, table.body.get("tenants", {}))
-        documents = exports.gateway_api(mine, table.generation, gateway, namespace, region)
+        pools = request.query_params.get("inference_pools", "0")
+        if pools not in ("0", "1"):
+            raise ValidationFailed("inference_pools is 1 (the cluster runs the Inference Extension) or 0.")
+        documents = exports.gateway_api(mine, table.generation, gateway, namespace, region, pools == "1")
         text = yaml.safe_dump_all(documents, sort_keys=False)
         return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
 
@@ -191,3 +203,32 @@ class ActivationView(PrincipalMixin):
         data.is_valid(raise_exception=True)
         woken = activation.activate(**data.validated_data, now=timezone.now())
         return Response(ActivationResultSerializer(woken).data, status=202)
+
+
+class ResponseCacheListView(PrincipalMixin):
+    @extend_schema(responses={200: ResponseCacheSerializer(many=True)})
+    def get(self, request: Request) -> Response:
+        """The response-cache opt-ins of the tenants the caller sees (docs/routing.md, response cache)."""
+        return Response(ResponseCacheSerializer(selectors.response_caches(self.principal), many=True).data)
+
+
+class ResponseCacheView(PrincipalMixin):
+    def _target(self, slug: str) -> Any:
+        return core_selectors.tenant_get(self.principal, slug, None)  # 404 for another tenant's slug
+
+    @extend_schema(request=ResponseCacheSetSerializer, responses={200: ResponseCacheSerializer, **ERRORS})
+    def put(self, request: Request, tenant: str, model: str) -> Response:
+        """Cache this tenant's deterministic requests to ``model`` for ``ttl_seconds`` (opt in or change)."""
+        target = self._target(tenant)
+        data = ResponseCacheSetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        policy = services.response_cache_set(
+            actor=self.principal, tenant=target, model_name=model, **data.validated_data
+        )
+        return Response(ResponseCacheSerializer(policy).data)
+
+    @extend_schema(responses={204: None, **ERRORS})
+    def delete(self, request: Request, tenant: str, model: str) -> Response:
+        """Opt out: the gateways stop caching and delete the tenant's entries for ``model``."""
+        services.response_cache_clear(actor=self.principal, tenant=self._target(tenant), model_name=model)
+        return Response(status=204)

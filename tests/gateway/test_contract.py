@@ -4,6 +4,7 @@ the control plane imports nothing of the gateway but the contract."""
 
 import ast
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -82,15 +83,20 @@ def test_the_route_table_has_exactly_the_contracts_fields() -> None:
         "splits",
         "activatable",
         "fallbacks",
-    }  # no rollout, not idle
+        "cache",
+    }  # no rollout, not idle, no response cache
     idle = placement(ready=False, endpoints=(), activatable=True)
     at_zero = route_table(policies, [idle])["acme"]["models"]["chat"]
-    assert set(at_zero) == _keys(contract.Route) - {"splits", "fallbacks"}
+    assert set(at_zero) == _keys(contract.Route) - {"splits", "fallbacks", "cache"}
     assert set(at_zero["activatable"]) == _keys(contract.Activatable)
     candidate = placement(track=contract.CANDIDATE, traffic_percent=10, region="eu-west-1")
     rolling = route_table(policies, [placement(), candidate])["acme"]["models"]["chat"]
-    assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable", "fallbacks"}
+    assert set(rolling) == _keys(contract.Route) - {"unavailable", "activatable", "fallbacks", "cache"}
     assert set(rolling["splits"]["eu-west-1"]) == _keys(contract.Split)
+    opted_in = [replace(policies[0], response_cache={"chat": 60})]
+    cached = route_table(opted_in, [placement(production=True)])["acme"]["models"]["chat"]["cache"]
+    assert set(cached) == _keys(contract.ResponseCache) and cached["ttl_seconds"] == 60
+    assert set(cached["places"][0]) == _keys(contract.CachePlace)
 
 
 def test_a_published_table_has_exactly_the_contracts_parts(world) -> None:  # type: ignore[no-untyped-def]

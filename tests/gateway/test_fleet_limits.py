@@ -4,19 +4,11 @@ freed when requests end or their lease runs out; Redis down means per-process li
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from gateway.fleet_limits import FleetLimits, keys
-from tests.support.redis import fresh_tenant
-
-
-def run(coroutine):  # type: ignore[no-untyped-def]
-    """The story in an event loop of its own, on a thread of its own: the main thread may already run one
-    (Playwright's sync API leaves its loop there once a browser test has run)."""
-    with ThreadPoolExecutor(max_workers=1) as thread:
-        return thread.submit(asyncio.run, coroutine).result(timeout=120)
+from tests.support.redis import fresh_tenant, run
 
 
 async def both(url: str, **options: float) -> tuple[FleetLimits, FleetLimits]:

@@ -8,9 +8,10 @@ import yaml
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 
 from gateway import contract
+from regions.drivers.kubernetes import service_name, workload_of_service
 from routing import services
 from routing.exports import envoy, gateway_api
-from tests.support.kube_schemas import http_route_errors
+from tests.support.kube_schemas import http_route_errors, inference_pool_errors
 
 SVC = "http://chat-{}.llm-{}.svc.cluster.local:8000"
 
@@ -104,6 +105,33 @@ def test_http_routes_are_valid_gateway_api_and_name_only_services_of_the_first_t
     assert all(r["spec"]["rules"][0]["backendRefs"] == [] for r in other_cluster)  # never eu-west-1's names
 
 
+def test_where_the_cluster_runs_the_inference_extension_routes_are_backed_by_valid_inference_pools():
+    exported = gateway_api(table(), 7, "llm-gateway", "tenants", "eu-west-1", inference_pools=True)
+    routes = [d for d in exported if d["kind"] == "HTTPRoute"]
+    pools = {d["metadata"]["name"]: d for d in exported if d["kind"] == "InferencePool"}
+    assert all(http_route_errors(r) == [] for r in routes)
+    assert all(inference_pool_errors(p) == [] for p in pools.values()), [
+        inference_pool_errors(p) for p in pools.values()
+    ]
+    (rule,) = next(r for r in routes if r["metadata"]["name"].startswith("acme-chat-"))["spec"]["rules"]
+    refs = {b["name"]: (b["kind"], b["group"], b["weight"]) for b in rule["backendRefs"]}
+    assert refs == {
+        "chat-a": ("InferencePool", "inference.networking.k8s.io", 7500),
+        "chat-b": ("InferencePool", "inference.networking.k8s.io", 2500),
+    }
+    assert sorted(pools) == ["chat-a", "chat-b", "chat-c"]  # a shadow candidate is never a backend
+    spec = pools["chat-a"]["spec"]
+    assert spec["selector"]["matchLabels"] == {"app.kubernetes.io/instance": "chat-a"}
+    assert workload_of_service(service_name("chat-eu")) == "chat-eu"  # what our driver's Services are named
+    assert spec["targetPorts"] == [{"number": 8000}]
+    assert spec["endpointPickerRef"] == {
+        "name": "chat-a-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailClose",
+    }
+    assert pools["chat-a"]["metadata"]["namespace"] == "llm-eu"
+
+
 def test_export_names_never_collide():
     one = {"models": {"eu-llama": {"endpoints": [], "preferred": ""}}, "limits": {}, "blocked": ""}
     two = {"models": {"llama": {"endpoints": [], "preferred": ""}}, "limits": {}, "blocked": ""}
@@ -117,7 +145,11 @@ def test_export_names_never_collide():
 def test_each_caller_exports_only_its_own_routes_and_bad_parameters_are_400(world, api, make_region):
     services.publish()
     make_region("eu-west-1", "EU")
-    for path in ("envoy/", "gateway-api/?region=eu-west-1"):
+    for path in (
+        "envoy/",
+        "gateway-api/?region=eu-west-1",
+        "gateway-api/?region=eu-west-1&inference_pools=1",
+    ):
         assert api(world.alice).get(f"/api/v1/routing/export/{path}").status_code == 200
         assert api().get(f"/api/v1/routing/export/{path}").status_code == 401
     envoy_of_bob = api(world.bob).get("/api/v1/routing/export/envoy/").json()
@@ -132,5 +164,7 @@ def test_each_caller_exports_only_its_own_routes_and_bad_parameters_are_400(worl
             "/api/v1/routing/export/gateway-api/", {"gateway": bad, "region": "eu-west-1"}
         )
         assert reply.status_code == 400 and set(reply.json()) == {"error"}
+    pools = {"region": "eu-west-1", "inference_pools": "yes"}
+    assert api(world.alice).get("/api/v1/routing/export/gateway-api/", pools).status_code == 400
     for region in ({}, {"region": "mars-1"}):  # Service names resolve only inside their cluster: say which
         assert api(world.alice).get("/api/v1/routing/export/gateway-api/", region).status_code == 400

@@ -1,5 +1,6 @@
 """Validating rendered manifests against the schemas a cluster would: Kubernetes' own OpenAPI schemas
-(kubernetes-validate, strict), KEDA's ScaledObject CRD and Gateway API's HTTPRoute CRD (their
+(kubernetes-validate, strict), KEDA's ScaledObject CRD, Gateway API's HTTPRoute CRD and the Inference
+Extension's InferencePool CRD (their
 openAPIV3Schema, with jsonschema).
 
 The API server prunes fields a CRD's schema does not declare, or, with the strict field validation the
@@ -18,6 +19,8 @@ import yaml
 KEDA_CRD = Path(__file__).parent / "data" / "keda.sh_scaledobjects.yaml"  # KEDA v2.20.2
 # Gateway API's standard channel, kubernetes-sigs/gateway-api at 4564255ac (its v1 HTTPRoute).
 HTTPROUTE_CRD = Path(__file__).parent / "data" / "gateway.networking.k8s.io_httproutes.yaml"
+# The Gateway API Inference Extension: kubernetes-sigs/gateway-api-inference-extension v1.6.0 (v1).
+INFERENCE_POOL_CRD = Path(__file__).parent / "data" / "inference.networking.k8s.io_inferencepools.yaml"
 
 
 def validate_kubernetes(manifest: dict[str, Any]) -> None:
@@ -56,3 +59,8 @@ def scaled_object_errors(manifest: dict[str, Any]) -> list[str]:
 def http_route_errors(manifest: dict[str, Any]) -> list[str]:
     """What the HTTPRoute CRD (v1) refuses in a manifest ([] when it validates), with each error's path."""
     return _errors(_crd_validator(HTTPROUTE_CRD, "v1"), manifest)
+
+
+def inference_pool_errors(manifest: dict[str, Any]) -> list[str]:
+    """What the InferencePool CRD (v1) refuses in a manifest ([] when it validates), with error paths."""
+    return _errors(_crd_validator(INFERENCE_POOL_CRD, "v1"), manifest)
