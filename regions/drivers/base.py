@@ -2,8 +2,11 @@
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
+
+from core.errors import ValidationFailed
 
 
 class DriverError(Exception):
@@ -89,3 +92,17 @@ class WorkloadDriver(Protocol):
     def delete(self, name: str) -> None: ...
 
     def render(self, spec: WorkloadSpec) -> str: ...
+
+
+def check_otlp_traces_endpoint(value: object) -> None:
+    """A driver's ``otlp_traces_endpoint``: '' (tracing off) or the http(s) URL of an OTLP receiver."""
+    if not isinstance(value, str) or (value and not re.fullmatch(r"https?://[^\s\x00]{1,500}", value)):
+        raise ValidationFailed(
+            "otlp_traces_endpoint must be an http(s) URL of an OTLP receiver (or left out)."
+        )
+
+
+def tracing_flags(otlp_traces_endpoint: str) -> list[str]:
+    """vLLM's flags to send its spans (queue, prefill, decode) under the gateway's trace, which the gateway
+    passes as ``traceparent``; none when no receiver is set."""
+    return ["--otlp-traces-endpoint", otlp_traces_endpoint] if otlp_traces_endpoint else []

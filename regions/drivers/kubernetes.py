@@ -17,7 +17,13 @@ import yaml
 from kubernetes import client, config
 
 from core.errors import ValidationFailed
-from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
+from regions.drivers.base import (
+    DriverError,
+    ObservedWorkload,
+    WorkloadSpec,
+    check_otlp_traces_endpoint,
+    tracing_flags,
+)
 from regions.drivers.kubernetes_scaling import (
     APPLY,
     SCALER_ANNOTATION,
@@ -49,6 +55,7 @@ class KubernetesConfig:
     object_store_secret: str = ""
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
+    otlp_traces_endpoint: str = ""  # where the engines send their spans (vLLM's --otlp-traces-endpoint)
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> "KubernetesConfig":
@@ -59,6 +66,7 @@ class KubernetesConfig:
         if "namespace" not in raw:
             raise ValidationFailed("The Kubernetes driver needs a namespace.")
         parsed = cls(**raw)
+        check_otlp_traces_endpoint(parsed.otlp_traces_endpoint)
         if bool(parsed.kubeconfig_env) == bool(parsed.kubeconfig_file):
             raise ValidationFailed(
                 "Give exactly one of kubeconfig_env (a variable naming the file) or kubeconfig_file."
@@ -102,7 +110,7 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _engine_container(spec: WorkloadSpec) -> dict[str, Any]:
+def _engine_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
     model_dir = f"{MODELS_MOUNT}/{spec.name}"
     return {
         "name": "vllm",
@@ -118,6 +126,7 @@ def _engine_container(spec: WorkloadSpec) -> dict[str, Any]:
             "--port",
             "8000",
             *render_flags(spec.engine_args),
+            *tracing_flags(cfg.otlp_traces_endpoint),
         ],
         "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
         "env": [
@@ -216,7 +225,7 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
         "initContainers": [_fetch_container(spec, cfg)]
         if spec.model_files or spec.model_uri.startswith("s3://")
         else [],
-        "containers": [_engine_container(spec)],
+        "containers": [_engine_container(spec, cfg)],
         "volumes": [
             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "8Gi"}},
             {"name": "model-cache", "ephemeral": {"volumeClaimTemplate": {"spec": cache_claim}}},

@@ -9,7 +9,6 @@ where another left off: engines run in their own sessions and outlive the worker
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -25,7 +24,13 @@ from urllib.parse import urlparse
 
 from core.errors import ValidationFailed
 from regions import hooks
-from regions.drivers.base import DriverError, ObservedWorkload, WorkloadSpec
+from regions.drivers.base import (
+    DriverError,
+    ObservedWorkload,
+    WorkloadSpec,
+    check_otlp_traces_endpoint,
+    tracing_flags,
+)
 from registry.engine_args import render_flags, vllm_available
 
 CRASH_LOOP_RESTARTS = 3  # after this many quick deaths the error is reported as permanent
@@ -73,13 +78,7 @@ class ProcessConfig:
         threads = config.cpu_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValidationFailed("cpu_threads must be a whole number of at least 1 (or left out).")
-        endpoint = config.otlp_traces_endpoint
-        if not isinstance(endpoint, str) or (
-            endpoint and not re.fullmatch(r"https?://[^\s\x00]{1,500}", endpoint)
-        ):
-            raise ValidationFailed(
-                "otlp_traces_endpoint must be an http(s) URL of an OTLP receiver (or left out)."
-            )
+        check_otlp_traces_endpoint(config.otlp_traces_endpoint)
         return config
 
     @property
@@ -368,6 +367,6 @@ class ProcessDriver:
         ]
 
     def _tracing_flags(self) -> list[str]:
-        if self.config.otlp_traces_endpoint and self.config.resolved_engine == "vllm":
-            return ["--otlp-traces-endpoint", self.config.otlp_traces_endpoint]
+        if self.config.resolved_engine == "vllm":  # the simulator has no tracing
+            return tracing_flags(self.config.otlp_traces_endpoint)
         return []

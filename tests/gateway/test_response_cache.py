@@ -52,7 +52,14 @@ def endpoint(
 
 
 def meta() -> dict:  # type: ignore[type-arg]
-    return {"content_type": "application/json", "usage": {"prompt_tokens": 3}, "region": "eu-west-1"}
+    return {
+        "content_type": "application/json",
+        "usage": {"prompt_tokens": 3},
+        "region": "eu-west-1",
+        "deployment": 7,
+        "version": "tiny@1.0.0",
+        "artifact_sha256": DIGEST,
+    }
 
 
 def test_only_requests_with_one_answer_are_cacheable():
@@ -120,6 +127,34 @@ def test_an_answer_is_given_back_to_its_tenant_only(redis_url):
     assert miss is None and stats["hits"] == 1 and stats["misses"] == 1
 
 
+def test_concurrent_lookups_go_together_and_each_gets_its_own_answer(redis_url):
+    tenants = [fresh_tenant() for _ in range(40)]
+
+    async def story():  # type: ignore[no-untyped-def]
+        cache = ResponseCache({"EU": redis_url})
+        lookups = [cache.lookup(t, "/v1/embeddings", {"input": "x"}, route(("EU", DIGEST))) for t in tenants]
+        for n, lookup in enumerate(lookups[::2]):  # every other tenant has an answer
+            cache.put(lookup, endpoint(), [f'{{"n":{n}}}'.encode()], meta(), stream=False)  # type: ignore[arg-type]
+        await cache.pipes["EU"].drain(timeout=5)
+        sent = 0
+        mget = cache.clients["EU"].mget
+
+        async def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+            nonlocal sent
+            sent += 1
+            return await mget(*args, **kwargs)
+
+        cache.clients["EU"].mget = counted  # type: ignore[method-assign]
+        found = await asyncio.gather(*(cache.get(lookup) for lookup in lookups))  # type: ignore[arg-type]
+        await cache.close()
+        return found, sent
+
+    found, sent = run(story())
+    assert [f.body if f else None for f in found[::2]] == [f'{{"n":{n}}}'.encode() for n in range(20)]
+    assert found[1::2] == [None] * 20  # never another tenant's answer
+    assert sent == 2  # forty lookups: the first at once, the 39 that queued behind it in one MGET
+
+
 def test_answers_are_kept_only_where_the_route_allows_and_only_from_the_stable_production_revision(redis_url):
     tenant = fresh_tenant()
 
@@ -167,7 +202,7 @@ def test_purge_deletes_the_entries_no_route_lists_any_more(redis_url):
                 lookup = cache.lookup(tenant, "/v1/embeddings", {"input": str(n)}, route(("EU", digest)))
                 assert lookup is not None
                 cache.put(lookup, endpoint(digest=digest), [b"{}"], meta(), stream=False)
-        await asyncio.gather(*cache._writes)
+        await cache.pipes["EU"].drain(timeout=5)
         deleted = await cache._purge(cache.clients["EU"], {f"{digest}:{kept}", *others})
         await cache.close()
         return deleted
@@ -177,6 +212,23 @@ def test_purge_deletes_the_entries_no_route_lists_any_more(redis_url):
     assert len(list(store.scan_iter(match=f"{PREFIX}:{digest}:{kept}:*"))) == 3
     assert not list(store.scan_iter(match=f"{PREFIX}:{digest}:{gone}:*"))
     assert not store.sismember(INDEX, f"{digest}:{gone}")
+
+
+def test_an_entry_not_written_by_a_gateway_is_a_miss(redis_url):
+    tenant = fresh_tenant()
+
+    async def story():  # type: ignore[no-untyped-def]
+        cache = ResponseCache({"EU": redis_url})
+        lookup = cache.lookup(tenant, "/v1/embeddings", {"input": "x"}, route(("EU", DIGEST)))
+        assert lookup is not None
+        found = []
+        for planted in (b"not json\n{}", b'{"content_type": 5}\n{}', b"[]\n{}", b"{}"):
+            await cache.clients["EU"].set(lookup.key(DIGEST), planted, ex=60)
+            found.append(await cache.get(lookup))
+        await cache.close()
+        return found
+
+    assert run(story()) == [None] * 4
 
 
 def test_a_store_that_is_down_is_a_miss_never_a_failure():
@@ -227,13 +279,21 @@ def test_an_opted_in_tenant_gets_its_deterministic_answers_from_the_cache_until_
     )
     token = fleet["tokens"]["alice"]
     try:
-        first, again = chat(gateway, token, temperature=0), chat(gateway, token, temperature=0)
+
+        def stored(count: int) -> None:  # answers are written a few ms after they are given
+            wait_for(lambda: gateway.health()["response_cache"]["stored"] == count, timeout=5)
+
+        first = chat(gateway, token, temperature=0)
+        stored(1)
+        again = chat(gateway, token, temperature=0)
         assert (first.status_code, first.headers["x-cache"]) == (200, "miss")
         assert (again.status_code, again.headers["x-cache"]) == (200, "hit")
         assert again.json()["id"] == first.json()["id"]  # the same answer, not the engine's next one
         assert "x-cache" not in chat(gateway, token, temperature=0.8).headers  # samples: never cached
 
-        streamed = [chat(gateway, token, temperature=0, stream=True) for _ in range(2)]
+        streamed = [chat(gateway, token, temperature=0, stream=True)]
+        stored(2)
+        streamed.append(chat(gateway, token, temperature=0, stream=True))
         assert [s.headers["x-cache"] for s in streamed] == ["miss", "hit"]
         assert streamed[1].text == streamed[0].text and streamed[1].text.rstrip().endswith("data: [DONE]")
         assert streamed[1].headers["content-type"].startswith("text/event-stream")

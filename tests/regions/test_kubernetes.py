@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 from kubernetes import client
 
+from core.errors import ValidationFailed
 from core.models import AuditEvent
 from regions.choices import TargetRole
 from regions.drivers.base import WorkloadSpec
@@ -68,6 +69,19 @@ def test_rendered_deployment_follows_the_reference_deployments():
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert deployment["metadata"]["labels"]["controlplane.io/tenant"] == "acme"
     assert service["metadata"]["name"] == "cp-7-chat-engine" != "vllm"
+
+
+def test_engines_send_their_spans_where_the_region_says_and_a_bad_receiver_is_refused():
+    traced = replace(CONFIG, otlp_traces_endpoint="http://otel-collector.observability:4318/v1/traces")
+    deployment, _ = render_manifests(SPEC, traced)
+    kubernetes_validate.validate(deployment, kubernetes_validate.utils.latest_version(), strict=True)
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-2:] == ["--otlp-traces-endpoint", "http://otel-collector.observability:4318/v1/traces"]
+    untraced = render_manifests(SPEC, CONFIG)[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--otlp-traces-endpoint" not in untraced
+    for bad in ("otel:4318", "http://a b", "ftp://x", 5):
+        with pytest.raises(ValidationFailed, match="otlp_traces_endpoint"):
+            KubernetesConfig.parse({"namespace": "llm", "kubeconfig_file": "/k", "otlp_traces_endpoint": bad})
 
 
 @pytest.fixture
