@@ -27,6 +27,7 @@ from autoscaling.models import AutoscalingPolicy, ScalerState
 from autoscaling.policy import Policy, effective, parse
 from billing.models import UsageRecord
 from billing.reports import prices_now
+from billing.selectors import served_by_engines
 from core.choices import AuditSource
 from core.errors import ApplicationError
 from core.models import Tenant
@@ -164,7 +165,11 @@ def _last_requests(policies: list[AutoscalingPolicy], now: datetime) -> dict[tup
     if not idle:
         return {}
     rows = (
-        UsageRecord.objects.filter(deployment_id__in=idle, started_at__gte=now - timedelta(seconds=longest))
+        served_by_engines(
+            UsageRecord.objects.filter(
+                deployment_id__in=idle, started_at__gte=now - timedelta(seconds=longest)
+            )
+        )
         .values("deployment_id", "region")
         .annotate(last=Max("started_at"))
         .order_by()

@@ -16,6 +16,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from billing.models import UsageRecord
+from billing.selectors import served_by_engines
 from core.choices import Scope
 from core.principal import Principal
 from regions.drivers.prometheus import prometheus_client
@@ -30,7 +31,8 @@ def crosscheck(actor: Principal, region: Region, minutes: int) -> dict[str, Any]
         return {"region": region.code, "error": "the region names no Prometheus"}
     prometheus = prometheus_client(region.prometheus_url)
     since = timezone.now() - timedelta(minutes=minutes)
-    recorded = UsageRecord.objects.filter(region=region.code, started_at__gte=since).aggregate(
+    in_region = UsageRecord.objects.filter(region=region.code, started_at__gte=since)
+    recorded = served_by_engines(in_region).aggregate(
         prompt_tokens=Sum("prompt_tokens"), completion_tokens=Sum("completion_tokens")
     )
     found: dict[str, Any] = {"region": region.code, "minutes": minutes}

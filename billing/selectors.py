@@ -109,3 +109,9 @@ def over_budget(tenant_ids: list[int] | None = None, *, now: datetime | None = N
     if tenant_ids is not None:
         alerts = alerts.filter(tenant_id__in=tenant_ids)
     return set(alerts.values_list("tenant_id", flat=True))
+
+
+def served_by_engines(records: QuerySet[UsageRecord]) -> QuerySet[UsageRecord]:
+    """The records an engine worked for: not those the gateways answered from their response cache (the
+    engines' own counters and idleness know nothing of them)."""
+    return records.exclude(track=UsageTrack.CACHE)

@@ -221,9 +221,12 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Run a beat per scheduler replica: only the one holding the database lease sends (controlplane/beat.py).
+CELERY_BEAT_SCHEDULER = "controlplane.beat:LeaderScheduler"
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
     "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
+    "reap-operations": {"task": "controlplane.tasks.reap_operations", "schedule": 60.0},
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},

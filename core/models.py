@@ -324,9 +324,25 @@ class Operation(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # While running: its worker renews this; past it, the worker is taken for dead and the operation failed.
+    lease_until = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
+
+
+class Lease(models.Model):
+    """Leader election through the database: the process named in ``holder`` is the one active instance
+    of ``name`` (the routing loop, the beat scheduler) until ``expires_at``; it renews before then, and any
+    other process may take it once it has passed (``core.services.leases``)."""
+
+    name = models.CharField(max_length=64, unique=True)
+    holder = models.CharField(max_length=200)
+    acquired_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder} until {self.expires_at:%H:%M:%S}"

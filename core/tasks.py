@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from core.models import IdempotencyRecord
 from core.services.audit_checkpoints import checkpoint_head
-from core.services.operations import operation_dispatcher, operation_run
+from core.services.operations import operation_dispatcher, operation_run, operations_reap
 from core.services.tenants import invitations_expire
 
 
@@ -24,6 +24,12 @@ def run_operation(operation_id: str) -> None:
 @operation_dispatcher
 def _enqueue_operation(operation_id: str) -> None:
     run_operation.delay(operation_id)
+
+
+@shared_task(name="controlplane.tasks.reap_operations")
+def reap_operations() -> int:
+    """Fail the running operations whose worker died (their lease ran out)."""
+    return operations_reap(timezone.now())
 
 
 @shared_task(name="controlplane.tasks.prune_idempotency_records")

@@ -27,6 +27,7 @@ from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import (
     Refused,
+    bearer_digest,
     client_request_id,
     parse_payload,
     preview_track,
@@ -580,14 +581,6 @@ class Gateway:
             )
             + self.metrics.text()
         )
-
-
-def bearer_digest(headers: dict[str, str]) -> str | None:
-    """The SHA-256 of the request's bearer token, as the route table's credentials are keyed."""
-    auth = headers.get("authorization", "")
-    if not auth.lower().startswith("bearer "):
-        return None
-    return hashlib.sha256(auth[7:].strip().encode()).hexdigest()
 
 
 def broken_connection(exc: BaseException) -> bool:

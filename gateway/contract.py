@@ -55,9 +55,11 @@ class Split(TypedDict):
 
 class CachePlace(TypedDict):
     """Where a route's answers may be cached: the store of a jurisdiction the tenant's data may be in (a
-    region serving it is there), for a production version's weights."""
+    region serving it is there), for one production release (the deployment's version and its weights)."""
 
     jurisdiction: str
+    deployment: int
+    version: str
     artifact_sha256: str
 
 

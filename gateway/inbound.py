@@ -1,6 +1,7 @@
 """Reading a client's request: the body within a size limit, JSON within a nesting limit, the shape the
 proxied endpoints need. Every refusal is a ``Refused`` carrying the HTTP status and error code."""
 
+import hashlib
 import json
 from typing import Any
 
@@ -107,3 +108,11 @@ def client_request_id(headers: dict[str, str]) -> str:
     """The client's X-Request-ID, for its own correlation only: printable ASCII, at most 128 characters."""
     raw = headers.get("x-request-id", "").strip()
     return "".join(c for c in raw if " " <= c <= "~")[:128]
+
+
+def bearer_digest(headers: dict[str, str]) -> str | None:
+    """The SHA-256 of the request's bearer token, as the route table's credentials are keyed."""
+    auth = headers.get("authorization", "")
+    if not auth.lower().startswith("bearer "):
+        return None
+    return hashlib.sha256(auth[7:].strip().encode()).hexdigest()

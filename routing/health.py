@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.services.leases import holder_name, lease_hold, lease_release
 from regions.drivers.prometheus import prometheus_client
 from regions.models import Region
 from routing import selectors, services
@@ -120,13 +121,36 @@ def cycle() -> RouteTable:
     return services.publish()
 
 
-def run_forever(interval: float = PROBE_INTERVAL_SECONDS, rounds: int | None = None) -> None:
-    done = 0
-    while rounds is None or done < rounds:
-        started = time.monotonic()
-        try:
-            cycle()
-        except Exception:  # one bad round (a database restart) must not stop routing
-            log.exception("routing round failed")
-        done += 1
-        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+LEASE = "router"
+LEASE_SECONDS = 10.0  # a dead router's standby takes over within this (plus a round)
+
+
+def run_forever(
+    interval: float = PROBE_INTERVAL_SECONDS, rounds: int | None = None, holder: str | None = None
+) -> None:
+    """The routing loop. Any number may run (one per control-plane replica): the one holding the
+    ``router`` lease probes and publishes, the others wait on standby and take over when it stops
+    renewing (it died) or releases it (a clean stop)."""
+    me = holder or holder_name("router")
+    done, leading = 0, False
+    try:
+        while rounds is None or done < rounds:
+            started = time.monotonic()
+            try:
+                leading = _lead(me, leading)
+                if leading:
+                    cycle()
+            except Exception:  # one bad round (a database restart) must not stop routing
+                log.exception("routing round failed")
+            done += 1
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    finally:
+        if leading:
+            lease_release(LEASE, me)
+
+
+def _lead(me: str, leading: bool) -> bool:
+    now = lease_hold(LEASE, me, LEASE_SECONDS)
+    if now != leading:
+        log.info("router %s is %s", me, "now the active router" if now else "on standby")
+    return now

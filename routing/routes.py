@@ -221,14 +221,17 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
 
 def _cache_places(compliant: list[Placement]) -> list[contract.CachePlace]:
     """Where the route's answers may be cached: the jurisdictions of the regions residency lets serve
-    this tenant, for the production versions of their stable revisions (a candidate's answers are not
+    this tenant, for the production releases of their stable revisions (a candidate's answers are not
     kept). Healthy or not: a cached answer may still be given while a region's engines are down."""
     places = dict.fromkeys(
-        (p.jurisdiction, p.artifact_sha256)
+        (p.jurisdiction, p.deployment_id, p.version, p.artifact_sha256)
         for p in compliant
         if p.track == contract.STABLE and p.production and p.artifact_sha256
     )
-    return [{"jurisdiction": j, "artifact_sha256": digest} for j, digest in places]
+    return [
+        {"jurisdiction": j, "deployment": deployment, "version": version, "artifact_sha256": digest}
+        for j, deployment, version, digest in places
+    ]
 
 
 def _with_fallbacks(models: dict[str, contract.Route]) -> dict[str, contract.Route]:

@@ -119,6 +119,15 @@ def test_an_idle_deployment_with_min_zero_scales_to_zero_and_wakes_on_request(ch
     assert replicas(chat) == {"eu-west-1": 0} and len(decisions(chat)) == 1
 
 
+def test_requests_answered_from_the_response_cache_do_not_keep_a_deployment_awake(chat, alice):
+    autoscale(alice, chat, running=4, min_replicas=0, idle_seconds=600)
+    serve(chat, "eu-west-1", running=0)
+    request(chat, "eu-west-1", NOW - timedelta(seconds=700))
+    request(chat, "eu-west-1", NOW - timedelta(seconds=5), track="cache")  # no engine ran for it
+    evaluator.evaluate_all(now=NOW)
+    assert replicas(chat) == {"eu-west-1": 0}
+
+
 def test_a_deployment_paused_by_hand_is_left_alone(chat, alice):
     deployment_scale(actor=alice, deployment=chat, replicas=0)
     serve(chat, "eu-west-1", running=50)

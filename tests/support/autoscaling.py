@@ -90,9 +90,10 @@ def price(region: Region | str, hourly: str, gpu_type: str = "L4") -> GpuPrice:
     )
 
 
-def request(deployment: Deployment, code: str, at: datetime) -> UsageRecord:
+def request(deployment: Deployment, code: str, at: datetime, track: str = "stable") -> UsageRecord:
     """One request the gateway metered for the deployment in the region at ``at``."""
     return UsageRecord.objects.create(
+        track=track,
         request_id=uuid.uuid4().hex,
         tenant=deployment.owner,
         model_name=deployment.name,
