@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import os
 
 import uvicorn
 
@@ -23,7 +24,9 @@ def main() -> None:
         access_log=False,  # usage records are the request log; a line per request costs throughput
         lifespan="on",
         log_level="warning",
-        timeout_graceful_shutdown=5,  # a stream still open after 5 s is cut rather than holding the stop
+        # On SIGTERM: no new connections, requests in flight (streams included) finish for up to this long,
+        # then what is still open is cut. Keep it below the orchestrator's grace (Kubernetes: 30 s).
+        timeout_graceful_shutdown=int(os.environ.get("GATEWAY_SHUTDOWN_GRACE_SECONDS", "25")),
     )
 
 

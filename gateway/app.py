@@ -163,6 +163,9 @@ class Gateway:
                 "response_cache": self.cache.stats(),
             }
             return await reply.json(200, health)
+        if path == "/readyz":  # ready once it has a route table to serve by (fetched, or from its cache file)
+            ready = bool(self.routes.body)
+            return await reply.json(200 if ready else 503, {"ready": ready, "generation": self.routes.generation})
         if path == "/metrics":
             if not self._may_scrape(scope, headers):
                 return await reply.error(

@@ -120,3 +120,15 @@ def test_the_installed_gateway_starts_and_answers_healthz(
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_the_images_entry_point_runs_from_the_installed_wheel(
+    installed: tuple[Path, dict[str, str], str], tmp_path: Path
+) -> None:
+    """What deploy/Dockerfile's image runs, minus the image: the entry point with the wheel's commands."""
+    _, env, _ = installed
+    entrypoint = str(REPO / "deploy" / "entrypoint.sh")
+    _run(["sh", entrypoint, "migrate"], cwd=tmp_path, env=env)
+    _run(["sh", entrypoint, "manage", "check"], cwd=tmp_path, env=env)
+    routed = _run(["sh", entrypoint, "router", "--rounds", "1", "--interval", "0"], cwd=tmp_path, env=env)
+    assert "Traceback" not in routed, routed
