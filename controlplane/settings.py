@@ -37,6 +37,9 @@ if not SECRET_KEY:
             f"a non-local host ({', '.join(sorted(set(ALLOWED_HOSTS) - LOCAL_HOSTS))})."
         )
     SECRET_KEY = local_secret_key(VAR_DIR)
+# The root every deployment's engine API key is derived from (regions/engine_keys.py); changing it
+# rotates every key (the engines restart with theirs, gateways get theirs with the next route table).
+ENGINE_KEY_SECRET = env_str("ENGINE_KEY_SECRET") or SECRET_KEY
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -16,10 +16,7 @@ import aiohttp
 
 from gateway import contract
 from gateway.admission import request_priority
-from gateway.balancer import (
-    mirror_target,
-    track_of,
-)
+from gateway.balancer import engine_headers, mirror_target, track_of
 from gateway.breakers import RetryBudget
 from gateway.config import RouteCache, Settings
 from gateway.decisions import Decisions
@@ -165,7 +162,9 @@ class Gateway:
             return await reply.json(200, health)
         if path == "/readyz":  # ready once it has a route table to serve by (fetched, or from its cache file)
             ready = bool(self.routes.body)
-            return await reply.json(200 if ready else 503, {"ready": ready, "generation": self.routes.generation})
+            return await reply.json(
+                200 if ready else 503, {"ready": ready, "generation": self.routes.generation}
+            )
         if path == "/metrics":
             if not self._may_scrape(scope, headers):
                 return await reply.error(
@@ -523,11 +522,7 @@ class Gateway:
         async with self.session.post(
             endpoint["url"] + path,
             data=data,
-            headers={
-                "Content-Type": "application/json",
-                "X-Request-Id": reply.request_id,
-                **reply.trace_headers,
-            },
+            headers={**engine_headers(endpoint, reply.request_id), **reply.trace_headers},
         ) as upstream:
             if upstream.status >= 500:
                 raise Upstream5xx(f"answered {upstream.status}")

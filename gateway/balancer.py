@@ -102,3 +102,11 @@ def mirror_target(
         and track_of(e) == contract.CANDIDATE
     ]
     return pick(shadows, None) if shadows else None
+
+
+def engine_headers(endpoint: contract.Endpoint, request_id: str) -> dict[str, str]:
+    """What every request to an engine carries: JSON, the gateway's request id and the engine's API key."""
+    headers = {"Content-Type": "application/json", "X-Request-Id": request_id}
+    if endpoint.get("api_key"):
+        headers["Authorization"] = f"Bearer {endpoint['api_key']}"
+    return headers

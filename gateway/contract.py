@@ -40,6 +40,8 @@ class Endpoint(TypedDict):
     artifact_sha256: str
     shared: bool  # a platform deployment serving every tenant: its prefix cache is salted per tenant
     jurisdiction: NotRequired[str]  # its region's (where a response it served may be cached)
+    # Its engines' API key (sent as Authorization: Bearer); only in what gateways fetch, never stored.
+    api_key: NotRequired[str]
     track: NotRequired[str]  # STABLE or CANDIDATE; absent (an older control plane) means STABLE
     # The engine is full: requests wait in its queue or its KV cache is nearly used up (vLLM's gauges, as
     # the router last read them). Absent (an older control plane) means not saturated.

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
+from gateway.balancer import engine_headers
 from gateway.config import Settings
 from gateway.metering import Outcome, usage_record
 from gateway.streaming import EventFilter
@@ -117,7 +118,7 @@ async def _exchange(
     async with session.post(
         copy.endpoint["url"] + copy.path,
         data=json.dumps(copy.payload).encode(),
-        headers={"Content-Type": "application/json", "X-Request-Id": request_id},
+        headers=engine_headers(copy.endpoint, request_id),
     ) as upstream:
         outcome.status = upstream.status
         if copy.stream and upstream.headers.get("Content-Type", "").startswith("text/event-stream"):

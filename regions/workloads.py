@@ -8,6 +8,7 @@ from django.utils import timezone
 from regions import hooks
 from regions.choices import DeploymentState, DriverKind, RegionStatus, TargetRole
 from regions.drivers.base import WorkloadSpec
+from regions.engine_keys import DEPLOYMENT_LABEL, key_fingerprint
 from regions.models import Deployment, DeploymentTarget, GpuPool
 from registry.models import ModelVersion
 from registry.selectors import version_files
@@ -78,7 +79,7 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
             "controlplane.io/tenant": _label(deployment.owner.slug),
             "controlplane.io/model": _label(deployment.model.name),
             "controlplane.io/version": _label(version.version),
-            "controlplane.io/deployment": str(deployment.pk),
+            DEPLOYMENT_LABEL: str(deployment.pk),
             "controlplane.io/revision": str(target.revision),
         },
         replicas=effective_replicas(target),
@@ -94,4 +95,5 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
         taints=list(pool.taints) if pool else [],
         artifact_bytes=version.artifact_size_bytes,
         scaler=in_cluster_scaler(target),
+        api_key_id=key_fingerprint(deployment.pk),
     )

@@ -20,6 +20,7 @@ from core.residency import weights_of
 from core.selectors import scoped, visible_tenant_slugs
 from gateway import contract
 from regions.choices import DeploymentState, RegionStatus, TargetRole, TargetStatus
+from regions.engine_keys import engine_api_key, key_fingerprint
 from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
 from regions.workloads import target_version
@@ -314,3 +315,31 @@ def _principal_of(token: ApiToken) -> Principal | None:
 def _tenants_of(token: ApiToken) -> list[Tenant]:
     """Exactly the tenant the token is bound to: an unbound token is not valid at the gateway."""
     return [token.tenant] if token.tenant is not None else []
+
+
+def with_engine_keys(body: contract.RouteTable) -> contract.RouteTable:
+    """The table as gateways get it: every endpoint with its deployment's engine API key (a copy: the
+    stored table, which people and exports read, has none)."""
+    keys: dict[int, str] = {}
+    tenants = {
+        slug: {
+            **view,
+            "models": {
+                name: {
+                    **route,
+                    "endpoints": [
+                        {**e, "api_key": keys.setdefault(e["deployment"], engine_api_key(e["deployment"]))}
+                        for e in route["endpoints"]
+                    ],
+                }
+                for name, route in view["models"].items()
+            },
+        }
+        for slug, view in body.get("tenants", {}).items()
+    }
+    return {**body, "tenants": tenants}  # type: ignore[typeddict-item]
+
+
+def engine_keys_tag() -> str:
+    """Names the engine keys' generation (the root they derive from) without giving them away."""
+    return key_fingerprint(0)[:8]

@@ -47,6 +47,9 @@ class WorkloadSpec:
     # The version's artifact size: clusters size the model-cache volume from it.
     artifact_bytes: int = 0
     scaler: dict[str, Any] = field(default_factory=dict)
+    # The fingerprint of the engines' API key (regions/engine_keys.py; the key itself is never in a spec):
+    # '' starts them without one.
+    api_key_id: str = ""
 
     @property
     def spec_hash(self) -> str:
@@ -65,7 +68,8 @@ class WorkloadSpec:
 
 
 def _digest(spec: WorkloadSpec, drop: set[str]) -> str:
-    body = {k: v for k, v in asdict(spec).items() if k not in drop}
+    # A workload without an API key hashes as before keys existed.
+    body = {k: v for k, v in asdict(spec).items() if k not in drop and (k != "api_key_id" or v)}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -33,6 +33,7 @@ from regions.drivers.kubernetes_scaling import (
     scaler_manifest,
     scaler_of,
 )
+from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags
 
 FIELD_MANAGER = "controlplane"
@@ -133,6 +134,7 @@ def _engine_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, An
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "HF_HOME", "value": f"{MODELS_MOUNT}/.hf"},
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+            *_api_key_env(spec),
         ],
         "resources": {
             "requests": {
@@ -278,6 +280,29 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
 SERVICE_SUFFIX = "-engine"
 
 
+def key_secret_name(workload: str) -> str:
+    return f"{workload}-engine-key"
+
+
+def _api_key_env(spec: WorkloadSpec) -> list[dict[str, Any]]:
+    """vLLM reads its API key from VLLM_API_KEY: taken from the workload's Secret, never written here."""
+    if not spec.api_key_id:
+        return []
+    ref = {"name": key_secret_name(spec.name), "key": "api-key"}
+    return [{"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def key_secret(spec: WorkloadSpec, cfg: KubernetesConfig, key: str) -> dict[str, Any]:
+    """The Secret holding the engines' API key: applied with the workload, never rendered for people."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": key_secret_name(spec.name), "namespace": cfg.namespace, "labels": _labels(spec)},
+        "type": "Opaque",
+        "stringData": {"api-key": key},
+    }
+
+
 def service_name(workload: str) -> str:
     # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://… and vLLM reads VLLM_PORT as its own setting.
     return f"{workload}{SERVICE_SUFFIX}"
@@ -414,6 +439,16 @@ class KubernetesDriver:
         with _errors("apply"):
             current = self._read(spec.name)
             self._retire_scaler(current, scaler)
+            key = workload_api_key(spec)
+            if key:  # before the Deployment: its pods read it as they start
+                secret = key_secret(spec, self.cfg, key)
+                self.core.patch_namespaced_secret(
+                    secret["metadata"]["name"],
+                    self.cfg.namespace,
+                    secret,
+                    _request_timeout=self.timeout,
+                    **APPLY_OPTIONS,
+                )
             self.core.patch_namespaced_service(
                 service["metadata"]["name"],
                 self.cfg.namespace,
@@ -503,6 +538,7 @@ class KubernetesDriver:
             for remove, target in (
                 (self.apps.delete_namespaced_deployment, name),
                 (self.core.delete_namespaced_service, service_name(name)),
+                (self.core.delete_namespaced_secret, key_secret_name(name)),
             ):
                 try:
                     remove(target, self.cfg.namespace, body=body, _request_timeout=self.timeout)

@@ -31,6 +31,7 @@ from regions.drivers.base import (
     check_otlp_traces_endpoint,
     tracing_flags,
 )
+from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags, vllm_available
 
 CRASH_LOOP_RESTARTS = 3  # after this many quick deaths the error is reported as permanent
@@ -257,7 +258,7 @@ class ProcessDriver:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self._env(folder)},
+                env=self._engine_env(folder, spec),
                 start_new_session=True,
                 cwd=folder,
             )
@@ -330,6 +331,12 @@ class ProcessDriver:
                 raise DriverError(f"cannot fetch {path} from {store.label}: {exc}") from exc
             partial.rename(target)
         return str(folder)
+
+    def _engine_env(self, folder: Path, spec: WorkloadSpec) -> dict[str, str]:
+        """The engine's environment: ours, the engine settings and its API key (never in ``render``)."""
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+        key = workload_api_key(spec)
+        return {**env, **self._env(folder), **({"VLLM_API_KEY": key} if key else {})}
 
     def _env(self, folder: Path) -> dict[str, str]:
         cache = str(folder / ".cache")

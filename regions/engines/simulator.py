@@ -11,7 +11,9 @@ before every first token, to make one engine measurably slower than another.
 """
 
 import argparse
+import hmac
 import json
+import os
 import random
 import threading
 import time
@@ -132,7 +134,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _unauthorized(self) -> bool:
+        """As vLLM: with VLLM_API_KEY set, every /v1 path wants it as a bearer token (401 otherwise)."""
+        key = os.environ.get("VLLM_API_KEY", "")
+        if not key or not self.path.startswith("/v1"):
+            return False
+        sent = self.headers.get("Authorization", "")
+        if hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
+            return False
+        self._json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:
+        if self._unauthorized():
+            return
         if self.path == "/health":
             self.send_response(200)
             self.send_header("Content-Length", "0")
@@ -161,8 +176,13 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         arrived = time.monotonic()
+        raw = self.rfile.read(
+            int(self.headers.get("Content-Length", 0))
+        )  # read first: the connection lives on
+        if self._unauthorized():
+            return None
         try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            body = json.loads(raw or b"{}")
         except ValueError:
             return self._json(
                 400, {"error": {"message": "invalid JSON", "type": "BadRequestError", "code": 400}}

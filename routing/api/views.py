@@ -72,15 +72,21 @@ class RouteTableView(PrincipalMixin):
 class GatewayConfigView(PrincipalMixin):
     @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
-        """Everything a gateway needs: every tenant's routes and the token digests (``gateway:sync``)."""
+        """Everything a gateway needs: every tenant's routes with the engines' API keys, and the token
+        digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
-        table = services.table_after(_if_none_match(request), _wait(request))
+        # The engines' keys are in this answer only (not in the table stored or shown): its ETag names
+        # their generation too, so a new root key reaches every gateway at once.
+        keys = selectors.engine_keys_tag()
+        held, _, tag = _if_none_match(request).rpartition("-")
+        table = services.table_after(held if tag == keys else "", _wait(request))
+        etag = f"{table.etag}-{keys}"
         config: contract.GatewayConfig = {
             "generation": table.generation,
-            "etag": table.etag,
-            "table": table.body,
+            "etag": etag,
+            "table": selectors.with_engine_keys(table.body),
         }
-        return _conditional(request, table.etag, config)
+        return _conditional(request, etag, config)
 
 
 class NginxExportView(PrincipalMixin):

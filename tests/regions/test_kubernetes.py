@@ -11,9 +11,12 @@ from core.errors import ValidationFailed
 from core.models import AuditEvent
 from regions.choices import TargetRole
 from regions.drivers.base import WorkloadSpec
+from regions.drivers.factory import driver_for
 from regions.drivers.kubernetes import SPEC_LABEL, KubernetesConfig, KubernetesDriver, render_manifests
+from regions.engine_keys import engine_api_key
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
+from regions.workloads import workload_spec
 from tests.support.kube_api import KubeApiServer
 from tests.support.principals import principal
 from tests.support.regions import converge, kubernetes_region, tiny_version
@@ -126,6 +129,19 @@ def test_deployment_converges_with_server_side_apply(kube, chat):
     ]
 
 
+def test_engines_read_their_api_key_from_a_secret_that_is_never_rendered(kube, chat):
+    converge(chat)
+    name, key = f"cp-{chat.pk}-chat", engine_api_key(chat.pk)
+    secret = kube.state.objects[("secrets", "llm", f"{name}-engine-key")]
+    assert secret["stringData"] == {"api-key": key}
+    pod = kube.state.objects[("deployments", "llm", name)]["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    ref = {"secretKeyRef": {"name": f"{name}-engine-key", "key": "api-key"}}
+    assert env["VLLM_API_KEY"] == {"name": "VLLM_API_KEY", "valueFrom": ref}
+    shown = driver_for(target(chat).region).render(workload_spec(target(chat)))
+    assert key not in shown and "secretKeyRef" in shown  # what people see names the Secret, not the key
+
+
 def test_a_no_op_pass_issues_no_writes(kube, chat):
     converge(chat)
     kube.state.requests.clear()
@@ -176,8 +192,8 @@ def test_delete_removes_the_workload(world, kube, chat):
     deployment_delete(actor=principal(world.alice), deployment=chat)
     converge(chat)
     chat.refresh_from_db()
-    assert chat.state == "deleted" and not kube.state.objects
-    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 2
+    assert chat.state == "deleted" and not kube.state.objects  # its key's Secret too
+    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 3
 
 
 def test_the_model_cache_is_sized_from_the_versions_artifact(world, kube, chat):

@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from core.models import AuditEvent
+from regions.engine_keys import engine_api_key
 from regions.models import DeploymentEvent, DeploymentTarget
 from regions.reconciler import reconcile_region, reconcile_target
 from regions.services.deployments import deployment_create, deployment_delete, deployment_scale
@@ -35,11 +36,11 @@ def test_converges_to_ready_and_serves(deployed):
     deployment, _ = deployed
     target = until_ready(deployment)
     assert target.observed_generation == deployment.generation
-    reply = requests.post(
-        f"{target.endpoints[0]}/v1/chat/completions",
-        timeout=5,
-        json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
-    )
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    url = f"{target.endpoints[0]}/v1/chat/completions"
+    assert requests.post(url, timeout=5, json=body).status_code == 401  # the engine wants its key
+    key = {"Authorization": f"Bearer {engine_api_key(deployment.pk)}"}
+    reply = requests.post(url, timeout=5, json=body, headers=key)
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 4
     statuses = AuditEvent.objects.filter(action="deployment.status_changed").values_list(
         "after__status", flat=True

@@ -11,6 +11,7 @@ import signal
 import pytest
 import requests
 
+from regions.engine_keys import engine_api_key
 from regions.models import DeploymentEvent, DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
@@ -34,14 +35,14 @@ def generation_tokens(endpoint: str) -> float:
     return float(match.group(1))
 
 
-def chat(endpoint: str) -> dict:
-    reply = requests.post(
+def chat(endpoint: str, key: str | None) -> requests.Response:
+    """A chat request straight to the engine, with its API key (None: without one)."""
+    return requests.post(
         f"{endpoint}/v1/chat/completions",
         timeout=60,
         json={"model": "tiny", "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 8},
+        headers={"Authorization": f"Bearer {key}"} if key else {},
     )
-    assert reply.status_code == 200, reply.text
-    return reply.json()
 
 
 def test_real_vllm_in_two_regions_serves_counts_and_heals(world, make_region, tiny_model_dir):
@@ -58,11 +59,17 @@ def test_real_vllm_in_two_regions_serves_counts_and_heals(world, make_region, ti
         min_regions=2,
     )
 
+    key = engine_api_key(deployment.pk)
     targets = ready_targets(deployment, 2)
     for target in targets:
         endpoint = target.endpoints[0]
         before = generation_tokens(endpoint)
-        body = chat(endpoint)
+        # vLLM itself refuses a caller without the deployment's key (or another's): only gateways have it.
+        for wrong in (None, engine_api_key(deployment.pk + 1)):
+            refused = chat(endpoint, wrong)
+            assert refused.status_code == 401, refused.text
+        assert requests.get(f"{endpoint}/health", timeout=5).status_code == 200  # probes need no key
+        body = chat(endpoint, key).json()
         assert body["model"] == "tiny" and body["usage"]["completion_tokens"] == 8
         assert generation_tokens(endpoint) == before + 8
 
@@ -80,7 +87,10 @@ def test_real_vllm_in_two_regions_serves_counts_and_heals(world, make_region, ti
     healed = ready_targets(deployment, 2)
     assert replica_pids(eu, deployment) != [pid]
     assert (
-        chat(next(t for t in healed if t.region_id == eu.pk).endpoints[0])["usage"]["completion_tokens"] == 8
+        chat(next(t for t in healed if t.region_id == eu.pk).endpoints[0], key).json()["usage"][
+            "completion_tokens"
+        ]
+        == 8
     )
     assert DeploymentEvent.objects.filter(deployment=deployment, region=eu, kind="drift").exists()
     assert replica_pids(us, deployment)  # the other region was never touched

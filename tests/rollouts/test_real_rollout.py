@@ -21,6 +21,7 @@ from billing.models import UsageRecord
 from core.choices import Scope
 from core.services.tokens import token_create
 from regions.choices import TargetRole
+from regions.engine_keys import engine_api_key
 from regions.models import DeploymentTarget
 from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
@@ -182,10 +183,12 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         gateway.stop()
 
 
-def warm(endpoint: str, rounds: int = 6) -> None:
+def warm(endpoint: str, key: str, rounds: int = 6) -> None:
     """What an operator's smoke test does before a new engine takes traffic: requests of the clients' shape
     straight to it, four at a time. A fresh CPU engine is slow on its first batches of each size, and a
     candidate at 10 % would take minutes to see them all, judged against a baseline that has."""
+
+    codes: list[int] = []
 
     def one() -> None:
         for _ in range(rounds):
@@ -195,7 +198,11 @@ def warm(endpoint: str, rounds: int = 6) -> None:
                 "max_tokens": 32,
                 "stream": True,
             }
-            with requests.post(f"{endpoint}/v1/chat/completions", json=body, stream=True, timeout=120) as r:
+            auth = {"Authorization": f"Bearer {key}"}
+            with requests.post(
+                f"{endpoint}/v1/chat/completions", json=body, headers=auth, stream=True, timeout=120
+            ) as r:
+                codes.append(r.status_code)
                 list(r.iter_lines())
 
     threads = [threading.Thread(target=one) for _ in range(4)]
@@ -203,6 +210,7 @@ def warm(endpoint: str, rounds: int = 6) -> None:
         thread.start()
     for thread in threads:
         thread.join()
+    assert codes and set(codes) == {200}, codes  # the engine took its key
 
 
 def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
@@ -216,7 +224,7 @@ def _scraped_once(rollout, scrape_all) -> bool:  # type: ignore[no-untyped-def]
     ).first()
     if candidate is None:
         return False
-    warm(candidate.endpoints[0])
+    warm(candidate.endpoints[0], engine_api_key(rollout.deployment.pk))
     scrape_all()
     return True
 
