@@ -130,6 +130,9 @@ def _engine_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, An
             *tracing_flags(cfg.otlp_traces_endpoint),
         ],
         "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+        # On a drain or a rollout: out of the Service's endpoints first (the gateways' probes and the
+        # kube-proxy see it go), then SIGTERM, so no new request reaches an engine that is stopping.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
         "env": [
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "HF_HOME", "value": f"{MODELS_MOUNT}/.hf"},
@@ -275,6 +278,20 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
         # Not ours to apply: the in-cluster scaler writes it, and an applied value would fight it.
         del deployment["spec"]["replicas"]
     return [deployment, service]
+
+
+def disruption_budget(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
+    """A node drain takes at most one of the workload's engines at a time (an unhealthy one always)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": spec.name, "namespace": cfg.namespace, "labels": _labels(spec)},
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": spec.name}},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
 
 
 SERVICE_SUFFIX = "-engine"
@@ -425,12 +442,14 @@ class KubernetesDriver:
         self.api_client = api_client or build_api_client(cfg)
         self.apps = client.AppsV1Api(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
+        self.policy = client.PolicyV1Api(self.api_client)
         self.timeout = (cfg.connect_timeout, cfg.read_timeout)
         self.scalers = ScalerObjects(self.api_client, cfg.namespace, APPLY_OPTIONS, self.timeout)
 
     def render(self, spec: WorkloadSpec) -> str:
         scaler = scaler_manifest(spec, self.cfg.namespace, _labels(spec))
-        manifests = render_manifests(spec, self.cfg) + ([scaler] if scaler else [])
+        manifests = [*render_manifests(spec, self.cfg), disruption_budget(spec, self.cfg)]
+        manifests += [scaler] if scaler else []
         return yaml.safe_dump_all(manifests, sort_keys=False)
 
     def apply(self, spec: WorkloadSpec) -> None:
@@ -453,6 +472,13 @@ class KubernetesDriver:
                 service["metadata"]["name"],
                 self.cfg.namespace,
                 service,
+                _request_timeout=self.timeout,
+                **APPLY_OPTIONS,
+            )
+            self.policy.patch_namespaced_pod_disruption_budget(
+                spec.name,
+                self.cfg.namespace,
+                disruption_budget(spec, self.cfg),
                 _request_timeout=self.timeout,
                 **APPLY_OPTIONS,
             )
@@ -539,6 +565,7 @@ class KubernetesDriver:
                 (self.apps.delete_namespaced_deployment, name),
                 (self.core.delete_namespaced_service, service_name(name)),
                 (self.core.delete_namespaced_secret, key_secret_name(name)),
+                (self.policy.delete_namespaced_pod_disruption_budget, name),
             ):
                 try:
                     remove(target, self.cfg.namespace, body=body, _request_timeout=self.timeout)

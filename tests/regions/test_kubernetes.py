@@ -129,6 +129,19 @@ def test_deployment_converges_with_server_side_apply(kube, chat):
     ]
 
 
+def test_engines_leave_the_service_before_they_stop_and_drains_take_one_at_a_time(kube, chat):
+    converge(chat)
+    name = f"cp-{chat.pk}-chat"
+    budget = kube.state.objects[("poddisruptionbudgets", "llm", name)]
+    kubernetes_validate.validate(budget, kubernetes_validate.utils.latest_version(), strict=True)
+    assert budget["spec"]["maxUnavailable"] == 1
+    pods = kube.state.objects[("deployments", "llm", name)]["spec"]["template"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pods["metadata"]["labels"].items()
+    engine = pods["spec"]["containers"][0]
+    assert engine["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pods["spec"]["terminationGracePeriodSeconds"] > 10
+
+
 def test_engines_read_their_api_key_from_a_secret_that_is_never_rendered(kube, chat):
     converge(chat)
     name, key = f"cp-{chat.pk}-chat", engine_api_key(chat.pk)
@@ -192,8 +205,8 @@ def test_delete_removes_the_workload(world, kube, chat):
     deployment_delete(actor=principal(world.alice), deployment=chat)
     converge(chat)
     chat.refresh_from_db()
-    assert chat.state == "deleted" and not kube.state.objects  # its key's Secret too
-    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 3
+    assert chat.state == "deleted" and not kube.state.objects  # its key's Secret and budget too
+    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 4
 
 
 def test_the_model_cache_is_sized_from_the_versions_artifact(world, kube, chat):

@@ -197,6 +197,7 @@ def test_the_driver_renders_the_scaler_beside_the_workload():
     assert [line for line in documents.splitlines() if line.startswith("kind:")] == [
         "kind: Deployment",
         "kind: Service",
+        "kind: PodDisruptionBudget",
         "kind: ScaledObject",
     ]
 

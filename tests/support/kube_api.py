@@ -29,13 +29,15 @@ from typing import Any
 import yaml
 
 PATH = re.compile(
-    r"^/(?:api/v1|apis/apps/v1|apis/autoscaling/v2|apis/keda\.sh/v1alpha1)/namespaces/(?P<ns>[^/]+)/"
-    r"(?P<kind>deployments|services|secrets|pods|horizontalpodautoscalers|scaledobjects)(?:/(?P<name>[^/?]+))?"
+    r"^/(?:api/v1|apis/apps/v1|apis/autoscaling/v2|apis/policy/v1|apis/keda\.sh/v1alpha1)/namespaces/(?P<ns>[^/]+)/"
+    r"(?P<kind>deployments|services|secrets|pods|poddisruptionbudgets|horizontalpodautoscalers|scaledobjects)"
+    r"(?:/(?P<name>[^/?]+))?"
 )
 KINDS = {
     "deployments": ("apps/v1", "Deployment"),
     "services": ("v1", "Service"),
     "secrets": ("v1", "Secret"),
+    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
     "pods": ("v1", "Pod"),
     "horizontalpodautoscalers": ("autoscaling/v2", "HorizontalPodAutoscaler"),
     "scaledobjects": ("keda.sh/v1alpha1", "ScaledObject"),
