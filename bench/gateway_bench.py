@@ -17,6 +17,9 @@ fixed chat-completion JSON), so what is measured is what the proxy adds. wrk is 
   and its answer is written to the cache: the cache's whole cost on a miss;
 - gateway, cache hits: the same, with one fixed request, so every request after the first is answered
   from the cache (no upstream): what a hit costs;
+- gateway, features on, sampled: the same gateway and table, the requests without ``temperature`` (each
+  different too), so none is cacheable and the cache is never asked: what every feature costs traffic
+  the cache cannot serve;
 - with ``--baseline CHECKOUT``, that checkout's gateway (e.g. a ``git worktree`` of the commit before) on the
   same table, so "today's gateway" and the new one are measured in one run;
 - litellm: wrk → LiteLLM proxy (one worker) → upstream, when ``--litellm`` names its executable
@@ -70,6 +73,7 @@ VARYING = (
     " .. nonce .. '-' .. id .. '-' .. counter .. '\"}],\"max_tokens\":8,\"temperature\":0}')\n"
     "end\n"
 )
+SAMPLED = VARYING.replace(',"temperature":0', "")  # the default temperature: never cacheable
 
 
 def free_port() -> int:
@@ -258,8 +262,9 @@ def main() -> None:
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/1", help="the Redis limits are shared in")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
-    script, fixed = folder / "chat.lua", folder / "fixed.lua"
+    script, fixed, sampled = folder / "chat.lua", folder / "fixed.lua", folder / "sampled.lua"
     script.write_text(VARYING)
+    sampled.write_text(SAMPLED)
     fixed.write_text(
         'wrk.method = "POST"\n'
         f"wrk.body = '{BODY}'\n"
@@ -299,6 +304,7 @@ def main() -> None:
             ("our gateway", ROOT, control, {}, script),
             ("gateway, features on", ROOT, limited, features, script),
             ("gateway, cache hits", ROOT, limited, features, fixed),
+            ("gateway, features on, sampled", ROOT, limited, features, sampled),
         ]
         if args.baseline:
             sides.insert(
