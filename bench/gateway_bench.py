@@ -183,7 +183,8 @@ def gateway_table(upstream: int, limits: dict[str, int] | None = None) -> dict[s
     }
     route: dict[str, object] = {"endpoints": [endpoint], "preferred": "local-1"}
     if limits:  # the features-on table: the model's answers cached too
-        route["cache"] = {"ttl_seconds": 60, "places": [{"jurisdiction": "EU", "artifact_sha256": "0" * 64}]}
+        place = {"jurisdiction": "EU", "deployment": 1, "version": "bench@1.0.0", "artifact_sha256": "0" * 64}
+        route["cache"] = {"ttl_seconds": 60, "places": [place]}
     body = {
         "tenants": {
             "bench": {

@@ -146,7 +146,11 @@ class ResponseCache:
         spec = route.get("cache")
         if not spec or not self.pipes or not deterministic(path, payload):
             return None
-        places = tuple(_place(p) for p in spec["places"] if p["jurisdiction"] in self.pipes)
+        try:
+            places = tuple(_place(p) for p in spec["places"] if p["jurisdiction"] in self.pipes)
+        except (KeyError, TypeError):  # a table this gateway does not understand: serve uncached
+            self.counts["errors"] += 1
+            return None
         if not places:
             return None
         return Lookup(tenant, request_hash(tenant, path, payload), places, spec["ttl_seconds"])

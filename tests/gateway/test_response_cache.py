@@ -198,6 +198,12 @@ def test_no_lookup_without_opt_in_a_store_or_a_deterministic_request(redis_url):
     assert cache.lookup("acme", "/v1/chat/completions", sampled, route(place())) is None
     assert cache.lookup("acme", "/v1/chat/completions", dict(CHAT), route(place("CH"))) is None  # no CH store
     assert ResponseCache().lookup("acme", "/v1/chat/completions", dict(CHAT), route(place())) is None
+    older = {
+        "endpoints": [],
+        "preferred": "",
+        "cache": {"ttl_seconds": 60, "places": [{"jurisdiction": "EU"}]},
+    }
+    assert cache.lookup("acme", "/v1/chat/completions", dict(CHAT), older) is None  # type: ignore[arg-type]
 
 
 def test_purge_deletes_from_each_store_the_entries_its_jurisdiction_no_longer_names(redis_url):
