@@ -120,14 +120,20 @@ class StorePipe:
             self.putter = None
 
     async def _write(self, batch: list[tuple[str, bytes, str, int]]) -> None:
+        keys: dict[str, list[str]] = {}  # member → its keys in this batch
+        longest: dict[str, int] = {}  # member → the longest TTL among them
+        for key, _, member, ttl in batch:
+            keys.setdefault(member, []).append(key)
+            longest[member] = max(longest.get(member, 0), ttl)
         async with self.client.pipeline(transaction=False) as pipe:
-            for key, value, member, ttl in batch:
+            for key, value, _, ttl in batch:
                 pipe.set(key, value, ex=ttl)
-                pipe.sadd(member_keys(member), key)
+            for member, ttl in longest.items():
+                pipe.sadd(member_keys(member), *keys[member])
                 # The key set lives as long as its longest-lived entry.
                 pipe.expire(member_keys(member), ttl, nx=True)
                 pipe.expire(member_keys(member), ttl, gt=True)
-            pipe.sadd(INDEX, *{member for _, _, member, _ in batch})
+            pipe.sadd(INDEX, *longest)
             await pipe.execute()
 
     async def purge(self, stale: set[str]) -> int:
