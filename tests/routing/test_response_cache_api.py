@@ -9,7 +9,7 @@ from core.models import AuditEvent
 from routing import selectors
 from routing.models import ResponseCachePolicy
 from routing.routes import route_table
-from tests.routing.test_routes import worlds
+from tests.support.routes import worlds
 
 URL = "/api/v1/routing/response-cache/"
 
