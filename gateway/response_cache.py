@@ -183,37 +183,27 @@ class ResponseCache:
         production release, inside residency); queued for the store's next write, never awaited, never
         raising."""
         try:
-            self._put(lookup, endpoint, kept, meta, stream)
+            jurisdiction = endpoint.get("jurisdiction", "")
+            release = release_of(endpoint["deployment"], endpoint["version"], endpoint["artifact_sha256"])
+            member = lookup.member(jurisdiction, release)
+            if (jurisdiction, release) not in lookup.places or endpoint.get(
+                "track", contract.STABLE
+            ) != contract.STABLE:
+                return
+            if self.live is None or member not in self.live.get(jurisdiction, set()):
+                self.counts["not_kept"] += 1  # the table moved on while it was served (opted out, residency)
+                return
+            if kept is None:
+                self.counts["too_large"] += 1
+                return
+            body = good_answer(kept, stream)
+            if body is None:
+                self.counts["not_kept"] += 1
+                return
+            value = json.dumps(meta, separators=(",", ":")).encode() + b"\n" + body
+            self.pipes[jurisdiction].put(lookup.key(jurisdiction, release), value, member, lookup.ttl_seconds)
         except Exception:  # a cache must never fail a request that was answered
             log.exception("response cache: could not keep an answer")
-
-    def _put(
-        self,
-        lookup: Lookup,
-        endpoint: contract.Endpoint,
-        kept: list[bytes] | None,
-        meta: dict[str, Any],
-        stream: bool,
-    ) -> None:
-        jurisdiction = endpoint.get("jurisdiction", "")
-        release = release_of(endpoint["deployment"], endpoint["version"], endpoint["artifact_sha256"])
-        member = lookup.member(jurisdiction, release)
-        if (jurisdiction, release) not in lookup.places or endpoint.get(
-            "track", contract.STABLE
-        ) != contract.STABLE:
-            return
-        if self.live is None or member not in self.live.get(jurisdiction, set()):
-            self.counts["not_kept"] += 1  # the table moved on while it was served (opted out, residency)
-            return
-        if kept is None:
-            self.counts["too_large"] += 1
-            return
-        body = good_answer(kept, stream)
-        if body is None:
-            self.counts["not_kept"] += 1
-            return
-        value = json.dumps(meta, separators=(",", ":")).encode() + b"\n" + body
-        self.pipes[jurisdiction].put(lookup.key(jurisdiction, release), value, member, lookup.ttl_seconds)
 
     def install(self, table: contract.RouteTable) -> None:
         """The table in force: what may be kept from now on."""
