@@ -10,8 +10,8 @@ class AutoscalingConfig(AppConfig):
 
     def ready(self) -> None:
         # The imports that must wait for ready(): they use the models, loadable only now.
-        from autoscaling.kubernetes import in_cluster_scaler
+        from autoscaling.kubernetes import in_cluster_scalers
         from autoscaling.services.decisions import record_scaled
 
         regions_hooks.on_scaled(record_scaled)
-        regions_hooks.on_in_cluster_scaler(in_cluster_scaler)
+        regions_hooks.on_in_cluster_scaler(in_cluster_scalers)

@@ -62,17 +62,26 @@ def scaler_spec(policy: Policy, mode: str, prometheus_url: str = "") -> dict[str
     return scaler
 
 
-def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
-    """``regions.hooks.on_in_cluster_scaler``: the scaler a stable target in a Kubernetes region runs under
-    when its deployment's policy is enabled and delegates; {} (the control plane sizes it) otherwise."""
-    policy = AutoscalingPolicy.objects.filter(
-        deployment_id=target.deployment_id, enabled=True, mode__in=DELEGATED_MODES
-    ).first()
-    if policy is None:
-        return {}
-    region = target.region
-    policy_here = effective(policy.spec, policy.overrides, region.code)
-    return scaler_spec(policy_here, policy.mode, region.prometheus_url)
+def in_cluster_scalers(targets: list[DeploymentTarget]) -> dict[int, dict[str, Any]]:
+    """``regions.hooks.on_in_cluster_scaler``: the scaler each stable target in a Kubernetes region runs
+    under when its deployment's policy is enabled and delegates (targets sized by the control plane are
+    left out). One query, however many targets."""
+    policies = {
+        policy.deployment_id: policy
+        for policy in AutoscalingPolicy.objects.filter(
+            deployment_id__in={target.deployment_id for target in targets},
+            enabled=True,
+            mode__in=DELEGATED_MODES,
+        )
+    }
+    scalers = {}
+    for target in targets:
+        policy = policies.get(target.deployment_id)
+        if policy is not None:
+            region = target.region
+            policy_here = effective(policy.spec, policy.overrides, region.code)
+            scalers[target.pk] = scaler_spec(policy_here, policy.mode, region.prometheus_url)
+    return scalers
 
 
 def check_mode(

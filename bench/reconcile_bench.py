@@ -2,23 +2,32 @@
 
 For N deployments × 5 regions it measures (1) convergence from empty: passes of the reconciler until every
 (deployment, region) is ready, and (2) a no-op pass: everything due again, nothing changed, which must
-issue no writes to the clusters. Run by hand (it prints figures; it is not a test):
+write nothing to the clusters or the database. For each it reports the seconds, the requests to the
+clusters, the SQL statements (and how many of them write) and the reconciler's CPU time, per target.
 
-    .venv/bin/python bench/reconcile_bench.py --sizes 100 1000
+The API server runs in a process of its own (tests/support/kube_api.py, indexed by kind and namespace),
+so the figures are the reconciler's, not its test server's. Run by hand (it prints figures; it is not a
+test), on PostgreSQL as in production:
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/cp_bench .venv/bin/python bench/reconcile_bench.py
+    .venv/bin/python bench/reconcile_bench.py --sizes 100    # a throw-away SQLite database
 
-It uses a throw-away SQLite database in a temporary folder unless DATABASE_URL is set (the database is
-flushed). Deployments are inserted directly (admission is not what is measured here).
+The database is flushed. Deployments are inserted directly (admission is not what is measured here).
 """
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -31,6 +40,7 @@ import django  # noqa: E402
 django.setup()
 
 from django.core.management import call_command  # noqa: E402
+from django.db.backends.signals import connection_created  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from core.models import Tenant  # noqa: E402
@@ -39,17 +49,63 @@ from regions.models import Deployment, DeploymentTarget, Region  # noqa: E402
 from regions.reconciler import reconcile_region  # noqa: E402
 from regions.services.regions import region_create  # noqa: E402
 from registry.models import ModelVersion, RegisteredModel  # noqa: E402
-from tests.support.kube_api import KubeApiServer  # noqa: E402
+from tests.support.kube_api import kubeconfig as cluster_kubeconfig  # noqa: E402
 
 REGIONS = 5
 
 
-def setup_world(server: KubeApiServer, folder: Path) -> tuple[Tenant, ModelVersion, list[Region]]:
+class Statements:
+    """Counts the SQL statements of every database connection (each reconcile thread has its own)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.total = self.writes = 0
+        connection_created.connect(self._watch)
+
+    def _watch(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        connection.execute_wrappers.append(self)
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        with self.lock:
+            self.total += 1
+            self.writes += sql.lstrip().startswith(("INSERT", "UPDATE", "DELETE"))
+        return execute(sql, params, many, context)
+
+    def read(self) -> tuple[int, int]:
+        with self.lock:
+            return self.total, self.writes
+
+
+class Cluster:
+    """The API server in its own process: its URL, its request counts, its CPU time."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.kube_api"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        )
+        assert self.process.stdout is not None
+        self.url = self.process.stdout.readline().strip()
+
+    def requests(self) -> tuple[int, int]:
+        with urllib.request.urlopen(f"{self.url}/_requests") as reply:
+            counts = json.load(reply)
+        return counts["total"], counts["writes"]
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+
+
+def setup_world(cluster: Cluster, folder: Path) -> tuple[Tenant, ModelVersion, list[Region]]:
     call_command("migrate", verbosity=0)
     call_command("flush", interactive=False, verbosity=0)
     actor = Principal.system("bench")
     kubeconfig = folder / "kubeconfig"
-    kubeconfig.write_text(json.dumps(server.kubeconfig()))
+    kubeconfig.write_text(json.dumps(cluster_kubeconfig(cluster.url)))
     regions = [
         region_create(
             actor=actor,
@@ -112,21 +168,55 @@ def reconcile_everything(regions: list[Region]) -> None:
         list(pool.map(lambda r: reconcile_region(r.pk), regions))
 
 
-def converge(regions: list[Region]) -> tuple[float, int]:
-    start, passes = time.perf_counter(), 0
+@dataclass
+class Measured:
+    seconds: float
+    requests: int
+    cluster_writes: int
+    statements: int
+    db_writes: int
+    cpu: float  # the reconciler's process, seconds
+    server_cpu: float
+
+
+def measure(cluster: Cluster, statements: Statements, run: Any) -> tuple[Measured, Any]:
+    requests, cluster_writes = cluster.requests()
+    total, writes = statements.read()
+    cpu, server_cpu, start = time.process_time(), cluster.cpu_seconds(), time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - start
+    requests_after, cluster_writes_after = cluster.requests()
+    total_after, writes_after = statements.read()
+    return Measured(
+        seconds,
+        requests_after - requests - 1,  # less the count request itself
+        cluster_writes_after - cluster_writes,
+        total_after - total,
+        writes_after - writes,
+        time.process_time() - cpu,
+        cluster.cpu_seconds() - server_cpu,
+    ), result
+
+
+def converge(regions: list[Region]) -> int:
+    passes = 0
     while DeploymentTarget.objects.exclude(status="ready").exists():
         DeploymentTarget.objects.exclude(status="ready").update(next_attempt_at=timezone.now())
         reconcile_everything(regions)
         passes += 1
-    return time.perf_counter() - start, passes
+    return passes
 
 
-def noop_pass(server: KubeApiServer, regions: list[Region]) -> tuple[float, int, int]:
-    DeploymentTarget.objects.update(next_attempt_at=timezone.now())
-    server.state.requests.clear()
-    start = time.perf_counter()
+def noop_pass(regions: list[Region]) -> None:
     reconcile_everything(regions)
-    return time.perf_counter() - start, len(server.state.requests), len(server.state.writes())
+
+
+def row(what: str, targets: int, m: Measured, extra: str = "") -> str:
+    return (
+        f"{what:<9} {targets:>7} {m.seconds:>8.2f} {targets / m.seconds:>9.0f} {m.requests / targets:>8.2f} "
+        f"{m.cluster_writes:>7} {m.statements / targets:>7.2f} {m.db_writes:>8} "
+        f"{1000 * m.cpu / targets:>9.2f} {1000 * m.server_cpu / targets:>9.2f} {extra}"
+    )
 
 
 def main() -> None:
@@ -137,22 +227,25 @@ def main() -> None:
     args = parser.parse_args()
     print(f"database: {django.db.connection.vendor}; regions: {REGIONS}; concurrency per region: 8")
     print(
-        f"{'deployments':>11} {'targets':>8} {'converge s':>10} {'passes':>6} {'targets/s':>9} "
-        f"{'no-op s':>8} {'requests':>8} {'writes':>6}"
+        f"{'pass':<9} {'targets':>7} {'seconds':>8} {'targets/s':>9} {'req/tgt':>8} {'k-writes':>7} "
+        f"{'sql/tgt':>7} {'db-writes':>8} {'cpu ms/t':>9} {'api ms/t':>9}"
     )
-    with KubeApiServer() as server, tempfile.TemporaryDirectory() as folder:
-        tenant, version, regions = setup_world(server, Path(folder))
-        done = 0
-        for size in sorted(args.sizes):
-            add_deployments(tenant, version, regions, done, size - done)
-            done = size
-            seconds, passes = converge(regions)
-            noop_seconds, requests, writes = noop_pass(server, regions)
-            targets = size * REGIONS
-            print(
-                f"{size:>11} {targets:>8} {seconds:>10.2f} {passes:>6} {targets / seconds:>9.0f} "
-                f"{noop_seconds:>8.2f} {requests:>8} {writes:>6}"
-            )
+    statements, cluster = Statements(), Cluster()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            tenant, version, regions = setup_world(cluster, Path(folder))
+            done = 0
+            for size in sorted(args.sizes):
+                add_deployments(tenant, version, regions, done, size - done)
+                done = size
+                targets = size * REGIONS
+                converged, passes = measure(cluster, statements, lambda: converge(regions))
+                print(row("converge", targets, converged, f"{passes} passes"))
+                DeploymentTarget.objects.update(next_attempt_at=timezone.now())  # every target due again
+                idle, _ = measure(cluster, statements, lambda: noop_pass(regions))
+                print(row("no-op", targets, idle))
+    finally:
+        cluster.stop()
 
 
 if __name__ == "__main__":

@@ -230,6 +230,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "prune-idempotency-records": {"task": "controlplane.tasks.prune_idempotency_records", "schedule": 3600.0},
     "expire-invitations": {"task": "controlplane.tasks.expire_invitations", "schedule": 3600.0},
     "reap-operations": {"task": "controlplane.tasks.reap_operations", "schedule": 60.0},
+    "follow-fleet": {"task": "controlplane.tasks.follow_fleet", "schedule": 60.0},
     "collect-artifact-garbage": {"task": "regions.tasks.collect_artifact_garbage", "schedule": 6 * 3600.0},
     "resume-replication": {"task": "regions.tasks.resume_replication", "schedule": 60.0},
     "evaluate-budgets": {"task": "billing.tasks.evaluate_budgets", "schedule": 300.0},

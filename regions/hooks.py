@@ -110,22 +110,28 @@ def on_scaled(listener: Callable[[Scaled], None]) -> Callable[[Scaled], None]:
     return listener
 
 
-# Asked for a stable target in a Kubernetes region (autoscaling): the in-cluster autoscaler to render
-# beside its workload (``WorkloadSpec.scaler``), or {} when the control plane sizes it. The first
-# non-empty answer wins; with no listener every workload is sized by the control plane.
-IN_CLUSTER_SCALERS: list[Callable[[DeploymentTarget], dict[str, Any]]] = []
+# Asked for stable targets in Kubernetes regions (autoscaling), several at once (a reconcile pass asks for
+# a whole region's in one go): the in-cluster autoscaler to render beside each workload
+# (``WorkloadSpec.scaler``), by target id; a target left out is sized by the control plane. The first
+# non-empty answer for a target wins; with no listener every workload is sized by the control plane.
+IN_CLUSTER_SCALERS: list[Callable[[list[DeploymentTarget]], dict[int, dict[str, Any]]]] = []
 
 
 def on_in_cluster_scaler(
-    scaler: Callable[[DeploymentTarget], dict[str, Any]],
-) -> Callable[[DeploymentTarget], dict[str, Any]]:
+    scaler: Callable[[list[DeploymentTarget]], dict[int, dict[str, Any]]],
+) -> Callable[[list[DeploymentTarget]], dict[int, dict[str, Any]]]:
     if scaler not in IN_CLUSTER_SCALERS:
         IN_CLUSTER_SCALERS.append(scaler)
     return scaler
 
 
-def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
-    return next((found for scaler in IN_CLUSTER_SCALERS if (found := scaler(target))), {})
+def in_cluster_scalers(targets: list[DeploymentTarget]) -> dict[int, dict[str, Any]]:
+    found: dict[int, dict[str, Any]] = {}
+    for scaler in IN_CLUSTER_SCALERS:
+        for target_id, spec in scaler(targets).items():
+            if spec:
+                found.setdefault(target_id, spec)
+    return found
 
 
 # Told after a target's status change commits (before, after): the router republishes at once when a

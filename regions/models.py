@@ -153,6 +153,8 @@ class DeploymentTarget(models.Model):
     mirror_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
     purpose = models.CharField(max_length=16, choices=TargetPurpose.choices, default=TargetPurpose.SERVING)
     remove_after = models.DateTimeField(null=True, blank=True)  # retiring: the drain ends, the workload goes
+    # Leaving a draining or disabled region: where its replicas were re-placed (regions/services/fleet.py).
+    replaced_in = models.CharField(max_length=41, blank=True)
     desired_replicas = models.PositiveSmallIntegerField(default=1)
     # At zero because the autoscaler found it idle (not paused by hand): the route table offers it as
     # activatable, and a request held at a gateway wakes it. Any other scale clears it.

@@ -26,7 +26,8 @@ from regions.choices import DeploymentState, TargetRole, TargetStatus
 from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
-from regions.workloads import removed, target_workload, workload_spec
+from regions.workloads import removed, spec_inputs, target_workload, workload_spec
+from registry.models import ModelAlias
 
 log = logging.getLogger(__name__)
 LEASE = timedelta(seconds=120)
@@ -38,6 +39,8 @@ RESYNC = timedelta(seconds=20)
 STARTING_RECHECK = timedelta(seconds=0.25)
 RECHECK = timedelta(seconds=3)
 STARTING = (TargetStatus.PENDING, TargetStatus.PROVISIONING)
+SETTLED = (TargetStatus.READY, TargetStatus.PAUSED)
+TARGET_RELATIONS = ("deployment__owner", "deployment__model", "deployment__version", "version", "region")
 MAX_BACKOFF_SECONDS = 300
 SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
 
@@ -53,26 +56,90 @@ class Outcome:
     allocated: int = 0  # replicas holding GPUs (scheduled, ready or not): what capacity is billed on
 
 
-def due_targets(region: Region) -> list[int]:
+def due_targets(region: Region, unsettled_only: bool = False) -> list[int]:
     now = timezone.now()
-    return list(
+    due = (
         DeploymentTarget.objects.filter(region=region, next_attempt_at__lte=now)
         .exclude(status=TargetStatus.DELETED)
         .filter(Q(lease_until__isnull=True) | Q(lease_until__lt=now))
-        .order_by("next_attempt_at")
-        .values_list("pk", flat=True)
+    )
+    if unsettled_only:
+        due = due.exclude(status__in=SETTLED)
+    return list(due.order_by("next_attempt_at").values_list("pk", flat=True))
+
+
+def reconcile_region(region_id: int, unsettled_only: bool = False) -> int:
+    """Reconcile the region's due targets that need it, at most ``reconcile_concurrency`` at a time. A ready
+    target whose workload the region's survey shows exactly as recorded needs nothing: it is neither claimed
+    nor written (a pass over a converged fleet writes nothing, to the database or the cluster). A follow-up
+    pass for starting engines (``unsettled_only``) leaves the ready and paused ones to the periodic pass.
+    Returns how many were reconciled."""
+    region = Region.objects.get(pk=region_id)
+    due = due_targets(region, unsettled_only)
+    if not due:
+        return 0
+    driver = driver_for(region)
+    unchanged = set() if unsettled_only else _unchanged(driver, due)
+    acting = [target_id for target_id in due if target_id not in unchanged]
+    with ThreadPoolExecutor(max_workers=region.reconcile_concurrency) as pool:
+        list(pool.map(_reconcile_in_thread, acting))
+    return len(acting)
+
+
+def _unchanged(driver: WorkloadDriver, due: list[int]) -> set[int]:
+    """The due ready targets whose workload the driver's survey shows exactly as the target records it, for
+    the spec it should run now, with no alias to follow: compare first, claim only what needs action."""
+    try:
+        survey = driver.survey()
+    except DriverError as exc:
+        log.warning("survey failed, every due target is observed by itself: %s", exc.message)
+        return set()
+    if not survey:
+        return set()
+    ready = list(
+        DeploymentTarget.objects.filter(pk__in=due, status=TargetStatus.READY, attempts=0, last_error="")
+        .exclude(role=TargetRole.RETIRING)
+        .select_related(*TARGET_RELATIONS)
+    )
+    inputs = spec_inputs(ready)
+    moved = _alias_moved(ready)
+    return {
+        target.pk
+        for target in ready
+        if target.deployment_id not in moved
+        and _as_recorded(target, workload_spec(target, inputs), survey.get(target_workload(target)))
+    }
+
+
+def _as_recorded(target: DeploymentTarget, spec: WorkloadSpec, seen: ObservedWorkload | None) -> bool:
+    """What ``_converge`` would find, act on and record is what the target already says: nothing to do."""
+    return (
+        seen is not None
+        and not spec.delegated
+        and not removed(target)
+        and target.observed_generation == target.deployment.generation
+        and target.applied_hash == spec.spec_hash == seen.spec_hash
+        and seen.replicas == seen.ready_replicas == spec.replicas == target.ready_replicas > 0
+        and seen.endpoints == target.endpoints
     )
 
 
-def reconcile_region(region_id: int) -> int:
-    """Reconcile the region's due targets, at most ``reconcile_concurrency`` at a time. Returns the count."""
-    region = Region.objects.get(pk=region_id)
-    targets = due_targets(region)
-    if not targets:
-        return 0
-    with ThreadPoolExecutor(max_workers=region.reconcile_concurrency) as pool:
-        list(pool.map(_reconcile_in_thread, targets))
-    return len(targets)
+def _alias_moved(targets: list[DeploymentTarget]) -> set[int]:
+    """Deployments among the targets' that follow an alias now pointing at another version (one query)."""
+    following = {t.deployment for t in targets if t.role == TargetRole.STABLE and t.deployment.follow_alias}
+    if not following:
+        return set()
+    points = {
+        (alias.model_id, alias.name): alias.version_id
+        for alias in ModelAlias.objects.filter(
+            model_id__in={d.model_id for d in following}, name__in={d.follow_alias for d in following}
+        )
+    }
+    return {
+        d.pk
+        for d in following
+        if points.get((d.model_id, d.follow_alias), d.version_id) not in (None, d.version_id)
+    }
 
 
 def _reconcile_in_thread(target_id: int) -> None:
@@ -91,9 +158,7 @@ def _claim(target_id: int) -> DeploymentTarget | None:
     ).update(lease_until=now + LEASE)
     if not claimed:
         return None
-    return DeploymentTarget.objects.select_related(
-        "deployment__owner", "deployment__model", "deployment__version", "version", "region"
-    ).get(pk=target_id)
+    return DeploymentTarget.objects.select_related(*TARGET_RELATIONS).get(pk=target_id)
 
 
 def reconcile_target(target_id: int) -> None:
@@ -243,10 +308,12 @@ def _outcome(target: DeploymentTarget, spec: WorkloadSpec, observed: ObservedWor
     wanted = _wanted(spec, observed)
     if wanted == 0:  # a delegated workload its scaler took to zero (KEDA, idle)
         return Outcome(TargetStatus.PAUSED, **common)  # type: ignore[arg-type]
-    if observed.ready_replicas >= wanted:
+    # Engines that answer but are not reachable yet (no external address reported) serve nobody.
+    serving = observed.ready_replicas if observed.endpoints else 0
+    if serving >= wanted:
         return Outcome(TargetStatus.READY, **common)  # type: ignore[arg-type]
     was_up = target.status in (TargetStatus.READY, TargetStatus.DEGRADED)
-    status = TargetStatus.DEGRADED if observed.ready_replicas > 0 or was_up else TargetStatus.PROVISIONING
+    status = TargetStatus.DEGRADED if serving > 0 or was_up else TargetStatus.PROVISIONING
     return Outcome(status, error=observed.problem, **common)  # type: ignore[arg-type]
 
 

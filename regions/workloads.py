@@ -1,6 +1,7 @@
 """What a deployment means in one region: the driver-neutral workload spec and its name."""
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from django.utils import timezone
@@ -54,15 +55,30 @@ def effective_replicas(target: DeploymentTarget) -> int:
     return target.desired_replicas
 
 
-def in_cluster_scaler(target: DeploymentTarget) -> dict[str, Any]:
-    """The autoscaler a cluster runs for this workload, if its policy delegates there: only for a stable
-    target (a candidate or a retiring revision is sized by its rollout) in a Kubernetes region; a disabled
-    region or a deployment being deleted goes to zero whatever the policy says."""
+def _may_delegate(target: DeploymentTarget) -> bool:
+    """Only a stable target (a candidate or a retiring revision is sized by its rollout) in a Kubernetes
+    region may run under an in-cluster autoscaler; a disabled region or a deployment being deleted goes to
+    zero whatever the policy says."""
     if target.role != TargetRole.STABLE or target.region.driver != DriverKind.KUBERNETES:
-        return {}
-    if target.deployment.state != DeploymentState.ACTIVE or target.region.status == RegionStatus.DISABLED:
-        return {}
-    return hooks.in_cluster_scaler(target)
+        return False
+    return target.deployment.state == DeploymentState.ACTIVE and target.region.status != RegionStatus.DISABLED
+
+
+@dataclass(frozen=True)
+class SpecInputs:
+    """What workload specs read besides their targets, fetched once for many targets: GPU pools by
+    (region, GPU type), and the in-cluster scaler of each target whose policy delegates."""
+
+    pools: dict[tuple[int, str], GpuPool]
+    scalers: dict[int, dict[str, Any]]
+
+
+def spec_inputs(targets: list[DeploymentTarget]) -> SpecInputs:
+    pools: dict[tuple[int, str], GpuPool] = {}
+    wanted = {(t.region_id, t.deployment.gpu_type) for t in targets}
+    for pool in GpuPool.objects.filter(region_id__in={r for r, _ in wanted}).order_by("pk"):
+        pools.setdefault((pool.region_id, pool.gpu_type), pool)
+    return SpecInputs(pools, hooks.in_cluster_scalers([t for t in targets if _may_delegate(t)]))
 
 
 def model_files(version: ModelVersion) -> list[list[str]]:
@@ -70,9 +86,11 @@ def model_files(version: ModelVersion) -> list[list[str]]:
     return [[f.path, f.sha256] for f in version_files(version)]
 
 
-def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
+def workload_spec(target: DeploymentTarget, inputs: SpecInputs | None = None) -> WorkloadSpec:
+    """What the target should run. ``inputs``: fetched for a whole pass (``spec_inputs``), else now."""
+    inputs = inputs or spec_inputs([target])
     deployment, version = target.deployment, target_version(target)
-    pool = GpuPool.objects.filter(region=target.region, gpu_type=deployment.gpu_type).first()
+    pool = inputs.pools.get((target.region_id, deployment.gpu_type))
     return WorkloadSpec(
         name=target_workload(target),
         labels={
@@ -94,6 +112,6 @@ def workload_spec(target: DeploymentTarget) -> WorkloadSpec:
         node_labels=dict(pool.node_labels) if pool else {},
         taints=list(pool.taints) if pool else [],
         artifact_bytes=version.artifact_size_bytes,
-        scaler=in_cluster_scaler(target),
+        scaler=inputs.scalers.get(target.pk, {}),
         api_key_id=key_fingerprint(deployment.pk),
     )

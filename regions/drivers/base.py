@@ -97,6 +97,12 @@ class WorkloadDriver(Protocol):
 
     def render(self, spec: WorkloadSpec) -> str: ...
 
+    def survey(self) -> dict[str, ObservedWorkload] | None:
+        """Every workload of the region the driver can vouch for as settled, from a listing or two rather
+        than a look per workload: the reconciler leaves alone a target whose workload is in it exactly as
+        recorded, and observes every other one by itself. None: this driver cannot survey."""
+        ...
+
 
 def check_otlp_traces_endpoint(value: object) -> None:
     """A driver's ``otlp_traces_endpoint``: '' (tracing off) or the http(s) URL of an OTLP receiver."""

@@ -9,7 +9,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import urllib3
@@ -24,6 +24,7 @@ from regions.drivers.base import (
     check_otlp_traces_endpoint,
     tracing_flags,
 )
+from regions.drivers.kubernetes_exposure import Exposure, delete_routes
 from regions.drivers.kubernetes_scaling import (
     APPLY,
     SCALER_ANNOTATION,
@@ -33,6 +34,16 @@ from regions.drivers.kubernetes_scaling import (
     scaler_manifest,
     scaler_of,
 )
+from regions.drivers.kubernetes_status import (
+    FETCH_CONTAINER,
+    SPEC_LABEL,
+    cold_starts,
+    current_pods,
+    first_problem,
+    ready_replicas,
+    settled_replicas,
+    stalled,
+)
 from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags
 
@@ -40,10 +51,6 @@ FIELD_MANAGER = "controlplane"
 APPLY_OPTIONS: dict[str, Any] = {"field_manager": FIELD_MANAGER, "force": True, "_content_type": APPLY}
 MODELS_MOUNT = "/models"
 STARTUP_GRACE_SECONDS = 600  # weights of a large model can take ~10 minutes to load
-PERMANENT_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
-# On the pod template and in the Service's selector: the Service answers only with pods of the spec that was
-# last applied, never with an older ReplicaSet's pods still running during a rolling update.
-SPEC_LABEL = "controlplane.io/spec"
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,7 @@ class KubernetesConfig:
     connect_timeout: float = 5.0
     read_timeout: float = 30.0
     otlp_traces_endpoint: str = ""  # where the engines send their spans (vLLM's --otlp-traces-endpoint)
+    exposure: Exposure = field(default_factory=Exposure)  # how gateways reach the engines (see the module)
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> "KubernetesConfig":
@@ -66,7 +74,7 @@ class KubernetesConfig:
             raise ValidationFailed(f"Unknown Kubernetes driver setting(s): {', '.join(sorted(unknown))}.")
         if "namespace" not in raw:
             raise ValidationFailed("The Kubernetes driver needs a namespace.")
-        parsed = cls(**raw)
+        parsed = cls(**{**raw, "exposure": Exposure.parse(raw.get("exposure"))})
         check_otlp_traces_endpoint(parsed.otlp_traces_endpoint)
         if bool(parsed.kubeconfig_env) == bool(parsed.kubeconfig_file):
             raise ValidationFailed(
@@ -90,6 +98,9 @@ def build_api_client(cfg: KubernetesConfig) -> client.ApiClient:
     )
     configuration.retries = 0  # the reconciler owns retries and backoff
     return client.ApiClient(configuration)
+
+
+MANAGED = f"app.kubernetes.io/managed-by={FIELD_MANAGER}"  # selects every object the platform applied
 
 
 def _labels(spec: WorkloadSpec) -> dict[str, str]:
@@ -160,9 +171,6 @@ def _engine_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, An
             "runAsNonRoot": True,
         },
     }
-
-
-FETCH_CONTAINER = "fetch-model"
 
 
 def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
@@ -264,12 +272,19 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
         },
     }
+    service_meta: dict[str, Any] = {
+        "name": service_name(spec.name),
+        "namespace": cfg.namespace,
+        "labels": labels,
+    }
+    if cfg.exposure.service_type == "LoadBalancer" and cfg.exposure.service_annotations:
+        service_meta["annotations"] = dict(cfg.exposure.service_annotations)
     service = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": service_name(spec.name), "namespace": cfg.namespace, "labels": labels},
+        "metadata": service_meta,
         "spec": {
-            "type": "ClusterIP",
+            "type": cfg.exposure.service_type,
             "selector": {**selector, SPEC_LABEL: spec_label(spec)},
             "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
         },
@@ -278,6 +293,12 @@ def render_manifests(spec: WorkloadSpec, cfg: KubernetesConfig) -> list[dict[str
         # Not ours to apply: the in-cluster scaler writes it, and an applied value would fight it.
         del deployment["spec"]["replicas"]
     return [deployment, service]
+
+
+def external_route(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any] | None:
+    """The Ingress or HTTPRoute of the region's exposure mode, if it has one."""
+    meta = {"name": spec.name, "namespace": cfg.namespace, "labels": _labels(spec)}
+    return cfg.exposure.route(spec.name, service_name(spec.name), meta)
 
 
 def disruption_budget(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any]:
@@ -345,95 +366,15 @@ def _errors(what: str) -> Iterator[None]:
         raise DriverError(f"Kubernetes API unreachable during {what}: {exc}") from exc
 
 
-def _pod_problem(pod: Any) -> tuple[str, bool]:
-    for condition in pod.status.conditions or []:
-        if condition.type == "PodScheduled" and condition.status == "False":
-            return f"Unschedulable: {condition.message or condition.reason}", False
-    for status in (pod.status.init_container_statuses or []) + (pod.status.container_statuses or []):
-        waiting = status.state.waiting if status.state else None
-        if waiting and waiting.reason not in (None, "ContainerCreating", "PodInitializing"):
-            return f"{waiting.reason}: {waiting.message or ''}".strip(
-                ": "
-            ), waiting.reason in PERMANENT_REASONS
-        terminated = status.last_state.terminated if status.last_state else None
-        if terminated and terminated.reason == "OOMKilled":
-            return (
-                "OOMKilled: the engine ran out of memory; use a larger GPU or a smaller max_model_len",
-                False,
-            )
-    return "", False
-
-
-def _cold_start(index: int, pod: Any) -> dict[str, float] | None:
-    """Scheduled → weights cached (the fetch-model init container finished) → engine Ready, from the pod's
-    own condition and container timestamps, so it is what the kubelet saw, not when we happened to look."""
-    since = {c.type: c.last_transition_time for c in pod.status.conditions or [] if c.status == "True"}
-    scheduled, ready = since.get("PodScheduled"), since.get("Ready")
-    if not (scheduled and ready):
-        return None
-    fetched = [
-        status.state.terminated.finished_at
-        for status in pod.status.init_container_statuses or []
-        if status.name == FETCH_CONTAINER and status.state and status.state.terminated
-    ]
-    cached = fetched[0] if fetched and fetched[0] else scheduled
-    return {
-        "replica": index,
-        "weights_seconds": round((cached - scheduled).total_seconds(), 2),
-        "engine_seconds": round((ready - cached).total_seconds(), 2),
-        "total_seconds": round((ready - scheduled).total_seconds(), 2),
-    }
-
-
-def _current_pods(deployment: Any, pods: list[Any]) -> list[Any]:
-    """The pods of the spec last applied (the template's spec label), not an older ReplicaSet's. A
-    template without the label was applied before it existed: all its pods are of that template."""
-    want = (deployment.spec.template.metadata.labels or {}).get(SPEC_LABEL)
-    if want is None:
-        return pods
-    return [pod for pod in pods if (pod.metadata.labels or {}).get(SPEC_LABEL) == want]
-
-
-def _pod_ready(pod: Any) -> bool:
-    conditions = pod.status.conditions if pod.status else None
-    ready = any(c.type == "Ready" and c.status == "True" for c in conditions or [])
-    return ready and pod.metadata.deletion_timestamp is None
-
-
-def _ready(deployment: Any, current: list[Any]) -> int:
-    """Replicas of the spec last applied that answer. From the controller's own status once it has observed
-    that spec: readyReplicas counts old and new pods alike, so every old pod is assumed to be among them
-    and the count never names a new replica that is not answering. Until the controller has observed the
-    generation, its counts are of the previous spec: count the current spec's Ready pods instead (none
-    after a spec change, all of them after a mere scale)."""
-    status = deployment.status
-    if status is None or (status.observed_generation or 0) < (deployment.metadata.generation or 0):
-        return sum(1 for pod in current if _pod_ready(pod))
-    updated = status.updated_replicas or 0
-    old = max(0, (status.replicas or 0) - updated)
-    return max(0, min(updated, (status.ready_replicas or 0) - old))
-
-
-def _stalled(deployment: Any) -> str:
-    """The controller gave up waiting for the rollout (progressDeadlineSeconds). Not permanent: it keeps
-    trying, and a cause that is permanent (a missing image) is reported from the pods first."""
-    for condition in (deployment.status.conditions if deployment.status else None) or []:
-        if condition.type == "Progressing" and condition.reason == "ProgressDeadlineExceeded":
-            return f"ProgressDeadlineExceeded: {condition.message or 'the rollout made no progress'}"
-    return ""
-
-
-def _cold_starts(pods: list[Any]) -> list[dict[str, float]]:
-    timings = (_cold_start(index, pod) for index, pod in enumerate(pods))
-    return [timing for timing in timings if timing]
-
-
-def _first_problem(pods: list[Any]) -> tuple[str, bool]:
-    for pod in pods:
-        problem = _pod_problem(pod)
-        if problem[0]:
-            return problem
-    return "", False
+def _settled(deployments: list[Any]) -> dict[str, tuple[str, int]]:
+    """Workload → (spec hash applied, replicas) of the Deployments whose rollout is complete."""
+    found = {}
+    for deployment in deployments:
+        replicas = settled_replicas(deployment)
+        if replicas is not None:
+            annotations = deployment.metadata.annotations or {}
+            found[deployment.metadata.name] = (str(annotations.get(SPEC_HASH_ANNOTATION, "")), replicas)
+    return found
 
 
 class KubernetesDriver:
@@ -448,8 +389,9 @@ class KubernetesDriver:
 
     def render(self, spec: WorkloadSpec) -> str:
         scaler = scaler_manifest(spec, self.cfg.namespace, _labels(spec))
+        route = external_route(spec, self.cfg)
         manifests = [*render_manifests(spec, self.cfg), disruption_budget(spec, self.cfg)]
-        manifests += [scaler] if scaler else []
+        manifests += [m for m in (route, scaler) if m]
         return yaml.safe_dump_all(manifests, sort_keys=False)
 
     def apply(self, spec: WorkloadSpec) -> None:
@@ -482,6 +424,11 @@ class KubernetesDriver:
                 _request_timeout=self.timeout,
                 **APPLY_OPTIONS,
             )
+            route = external_route(spec, self.cfg)
+            if route is not None:
+                self.cfg.exposure.apply_route(
+                    self.api_client, route, {"_request_timeout": self.timeout, **APPLY_OPTIONS}
+                )
             if scaler is not None and current is not None and not scaler_of(current):
                 self.scalers.hand_over_replicas(current)
             self.apps.patch_namespaced_deployment(
@@ -528,22 +475,49 @@ class KubernetesDriver:
             found = self._read(name)
             if found is None:
                 return None
-            current = _current_pods(found, self._pods(name))
+            current = current_pods(found, self._pods(name))
             applied = self._applied_hash(found)
-        ready = _ready(found, current)
+            ready = ready_replicas(found, current)
+            endpoint = self._endpoint(name) if ready else ""
         problem, permanent = ("", False)
         if ready < (found.spec.replicas or 0):
-            problem, permanent = _first_problem(current)
-        endpoint = f"http://{service_name(name)}.{self.cfg.namespace}.svc.cluster.local:8000"
+            problem, permanent = first_problem(current)
+        if ready and not endpoint:
+            problem = problem or self.cfg.exposure.waiting_for()
         return ObservedWorkload(
             applied,
             found.spec.replicas or 0,  # as the cluster has them, whoever sized it
             ready,
-            [endpoint] if ready else [],
+            [endpoint] if endpoint else [],
             False,
-            problem or _stalled(found),
+            problem or stalled(found),
             permanent,
-            _cold_starts(current) if ready else [],
+            cold_starts(current) if ready else [],
+        )
+
+    def survey(self) -> dict[str, ObservedWorkload]:
+        """The workloads whose rollout is complete by the Deployment's own status (kubernetes_status.
+        settled_replicas), from one LIST of the platform's Deployments (and one of the exposure's objects
+        outside cluster mode). A workload left out (starting, rolling, scaled in the cluster, unreachable
+        yet) is observed by itself, pods and all."""
+        with _errors("list"):
+            listed = self.apps.list_namespaced_deployment(
+                self.cfg.namespace, label_selector=MANAGED, _request_timeout=self.timeout
+            ).items
+            settled = _settled(listed)
+            urls = self.cfg.exposure.endpoints(
+                self.api_client, self.cfg.namespace, MANAGED, list(settled), self.timeout
+            )
+        return {
+            name: ObservedWorkload(applied, replicas, replicas, [urls[name]])
+            for name, (applied, replicas) in settled.items()
+            if urls.get(name)
+        }
+
+    def _endpoint(self, name: str) -> str:
+        """Where gateways call the workload: '' until the cluster reports its external address."""
+        return self.cfg.exposure.endpoint(
+            self.api_client, self.cfg.namespace, name, service_name(name), self.timeout
         )
 
     def _pods(self, name: str) -> list[Any]:
@@ -572,3 +546,4 @@ class KubernetesDriver:
                 except client.ApiException as exc:
                     if exc.status != 404:
                         raise
+            delete_routes(self.api_client, self.cfg.namespace, name, body, self.timeout)

@@ -152,6 +152,10 @@ class ProcessDriver:
                 self._stop(json.loads(extra.read_text()))
                 extra.unlink()
 
+    def survey(self) -> None:
+        """Whether a host's engine answers is only known by asking it: every target is observed."""
+        return None
+
     def observe(self, name: str) -> ObservedWorkload | None:
         folder = self.root / name
         spec_file = folder / "spec.json"

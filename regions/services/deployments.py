@@ -110,13 +110,7 @@ def deployment_create(
 def _admit_and_save(actor: Principal, deployment: Deployment, explicit: list[str] | None) -> Deployment:
     # Lock the GPU pools of this type so two admissions cannot both take the last free GPUs.
     list(GpuPool.objects.select_for_update().filter(gpu_type=deployment.gpu_type).order_by("pk"))
-    choices = placement.region_choices(
-        tenant=deployment.owner,
-        version=deployment.version,
-        gpu_type=deployment.gpu_type,
-        gpu_count=deployment.gpu_count,
-        replicas=deployment.replicas,
-    )
+    choices = list(placement.deployment_choices(deployment, deployment.replicas).values())
     chosen = placement.pick_regions(choices, explicit, deployment.min_regions)
     placement.check_quota(deployment.owner, deployment.replicas * deployment.gpu_count * len(chosen))
     deployment.save()
@@ -295,16 +289,7 @@ def _lock_serving_targets(deployment: Deployment) -> list[DeploymentTarget]:
 def _add_regions(deployment: Deployment, codes: set[str], overflow_of: str) -> list[DeploymentTarget]:
     if not codes:
         return []
-    choices = {
-        c.region.code: c
-        for c in placement.region_choices(
-            tenant=deployment.owner,
-            version=deployment.version,
-            gpu_type=deployment.gpu_type,
-            gpu_count=deployment.gpu_count,
-            replicas=0,
-        )
-    }
+    choices = placement.deployment_choices(deployment, replicas=0)
     added = []
     for code in sorted(codes):
         choice = choices.get(code)

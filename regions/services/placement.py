@@ -106,6 +106,21 @@ def region_choices(
     return choices
 
 
+def deployment_choices(
+    deployment: Deployment, replicas: int, exclude: Deployment | None = None
+) -> dict[str, RegionChoice]:
+    """Region code → whether (and why not) it can take ``replicas`` more of the deployment's replicas."""
+    choices = region_choices(
+        tenant=deployment.owner,
+        version=deployment.version,
+        gpu_type=deployment.gpu_type,
+        gpu_count=deployment.gpu_count,
+        replicas=replicas,
+        exclude=exclude,
+    )
+    return {choice.region.code: choice for choice in choices}
+
+
 def check_quota(tenant: Tenant, extra_gpus: int, exclude: Deployment | None = None) -> None:
     if tenant.max_gpus is None:
         return

@@ -13,10 +13,12 @@ from regions.choices import Certification, DeploymentState, RegionStatus
 from regions.drivers.factory import validate_driver_config
 from regions.models import DeploymentEvent, GpuPool, Region
 from regions.services.deployments import enqueue_reconcile
+from regions.services.fleet import placements_follow
 
 REGION_FIELDS = ("code", "name", "provider", "city", "jurisdiction", "certifications", "status", "driver")
 STATUS_NOTES: dict[str, str] = {
-    RegionStatus.DRAINING: "region is draining: re-place this deployment elsewhere",
+    RegionStatus.DRAINING: "region is draining: placed by policy, it is re-placed in another compliant "
+    "region before leaving this one; placed in explicit regions, re-place it yourself",
     RegionStatus.DISABLED: "region disabled: replicas are stopped",
     RegionStatus.ACTIVE: "region active again",
 }
@@ -64,11 +66,12 @@ def region_create(
             target=region,
             after={**snapshot(region, REGION_FIELDS), "gpu_pools": pools},
         )
+    placements_follow(f"region {region.code} added")
     return region
 
 
 def region_set_status(*, actor: Principal, region: Region, status: str, reason: str = "") -> Region:
-    """Drain (no new placements; deployments flagged for re-placement), disable or activate."""
+    """Drain (no new placements), disable or activate; deployments placed by policy follow (fleet.py)."""
     actor.require(Scope.REGIONS_WRITE)
     if status not in RegionStatus.values:
         raise ValidationFailed(f"Unknown region status '{status}'.")
@@ -95,4 +98,5 @@ def region_set_status(*, actor: Principal, region: Region, status: str, reason: 
         )
         affected.update(next_attempt_at=region.created_at)
         enqueue_reconcile({region.pk})
+    placements_follow(f"region {region.code} {status}")
     return region

@@ -206,7 +206,7 @@ def test_delete_removes_the_workload(world, kube, chat):
     converge(chat)
     chat.refresh_from_db()
     assert chat.state == "deleted" and not kube.state.objects  # its key's Secret and budget too
-    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 4
+    assert sum(1 for method, _ in kube.state.requests if method == "DELETE") == 6  # + Ingress, HTTPRoute
 
 
 def test_the_model_cache_is_sized_from_the_versions_artifact(world, kube, chat):

@@ -13,20 +13,10 @@ from regions.drivers.kubernetes import KubernetesConfig, KubernetesDriver, rende
 from regions.drivers.kubernetes_scaling import HANDOVER_MANAGER, quantity, scaler_manifest
 from tests.support.kube_api import KubeApiServer
 from tests.support.kube_schemas import scaled_object_errors, validate_kubernetes
+from tests.support.regions import L4_SPEC as SPEC
 
 CONFIG = KubernetesConfig(namespace="llm", kubeconfig_file="/dev/null")
 PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
-SPEC = WorkloadSpec(
-    name="cp-7-chat",
-    labels={"controlplane.io/tenant": "acme", "controlplane.io/deployment": "7"},
-    replicas=2,
-    served_model_name="llama-3-8b-instruct",
-    model_uri="s3://models-eu/llama/1.0.0/",
-    runtime_image="vllm/vllm-openai:v0.33.0",
-    engine_args={"max_model_len": 8192},
-    gpu_type="L4",
-    gpu_count=1,
-)
 
 
 def scaler(kind: str, **fields: Any) -> dict[str, Any]:

@@ -255,9 +255,9 @@ def test_a_slower_engine_fails_on_vllms_ttft_histogram_and_an_equal_one_passes(p
             proc.wait(timeout=10)
     ttft, waiting = judged["slow"]
     assert ttft.verdict == FAILED and ttft.candidate > 0.5 and ttft.baseline < 0.25, ttft
-    assert 25 <= ttft.candidate_samples <= 40 and 25 <= ttft.baseline_samples <= 40, (
-        ttft
-    )  # increase() extrapolates
+    # 30 requests each. increase() extrapolates the first and last scrapes out to the window's edges (up to
+    # 1.1 scrape intervals each side), so a count reads above 30: 41 was seen in CI.
+    assert 25 <= ttft.candidate_samples <= 50 and 25 <= ttft.baseline_samples <= 50, ttft
     assert waiting.verdict == SUCCESSFUL and waiting.candidate == 0.0 and waiting.candidate_samples >= 3, (
         waiting
     )

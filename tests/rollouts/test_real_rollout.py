@@ -4,8 +4,8 @@ One story, because each engine takes about a minute and 3 GB to start: acme's `c
 1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
 resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds,
 becomes production without an override, moves the alias and retires the baseline. Then 3.0.0, started
-with max_num_seqs=1 (one sequence at a time), is warmed at 0 % and canaried at 50 % while clients keep six
-requests in flight: it is genuinely slower, the TTFT analysis catches it, and it is rolled back with no
+with max_num_seqs=1 (one sequence at a time), is warmed at 0 % and canaried at 50 % while clients keep
+twelve requests in flight: it is genuinely slower, the TTFT analysis catches it, and it is rolled back with no
 failed client request.
 """
 
@@ -54,8 +54,13 @@ pytestmark = [
 # and an equal candidate measured a median TTFT of 1.3 s in the 5-10 s after 10 → 50 %, 30-90 ms from 10 s
 # on (its p95 over the whole step was 4.2× the baseline's on vLLM's histogram, and failed the step).
 JUDGED = {"seconds": 45, "warmup_seconds": 15, "min_requests": 25}
-# The slow candidate's queue takes a while to build (six clients, one sequence at a time): judged over a
-# minute of steady load, its window opening only once it is warm (a person resumes it at 0 %).
+# The slow candidate's queue takes a while to build (one sequence at a time): judged over a minute of
+# steady load, its window opening only once it is warm (a person resumes it at 0 %).
+# CROWD: six more clients while it is judged. With six, its queue was two to five answers deep and its p95
+# 2-8× the baseline's depending on what else the cores were doing: once below the 3× threshold (CI, a
+# loaded machine), so the slow version passed. With twelve the queue is most of them (clients wait longest
+# there) while the baseline batches its share: its p95 was 4.1× the baseline's at the gateway and 8.9× on
+# vLLM's histogram (one run; the step fails when either crosses 3×).
 JUDGED_SLOW = {"seconds": 75, "warmup_seconds": 15, "min_requests": 40}
 # WATCHED: on two shared cores an engine with 10 % of the requests answers its first token several times
 # slower than the one with 90 % (vLLM's own histogram, warmed: p95 0.44 s against 0.096 s, p 6e-9): the
@@ -157,10 +162,11 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
             clients.going.clear()
             wait_for(lambda: _scraped_once(bad, scrape_all), timeout=ENGINE_START_TIMEOUT, interval=3)
             clients.going.set()
-            rollouts.rollout_resume(actor=alice, rollout=drive(bad, {"paused"}, timeout=60))
-            drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
-            rolled_back_at = time.monotonic()
-            time.sleep(3)  # the gateway's next generation, then a few more answers
+            with Clients(gateway, app_token) as crowd:  # twelve in flight: see CROWD
+                rollouts.rollout_resume(actor=alice, rollout=drive(bad, {"paused"}, timeout=60))
+                drive(bad, {"succeeded", "failed", "paused"}, timeout=300)
+                rolled_back_at = time.monotonic()
+                time.sleep(3)  # the gateway's next generation, then a few more answers
         print("slow rollout:", json.dumps(_runs(bad), indent=1))
         (tmp_path / "slow-runs.json").write_text(json.dumps(_runs(bad)))
         assert bad.state == "failed", bad.reason
@@ -173,8 +179,9 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         assert all(m["candidate"] > m["baseline"] for m in ttft), ttft
         slow.refresh_from_db()
         assert slow.status == "staged"
-        assert clients.failed() == [], clients.failed()[:5]
-        late = [v for sent, _, v in clients.answers if sent > rolled_back_at + 2]  # sent after the rollback
+        assert clients.failed() == crowd.failed() == [], (clients.failed() + crowd.failed())[:5]
+        answers = clients.answers + crowd.answers
+        late = [v for sent, _, v in answers if sent > rolled_back_at + 2]  # sent after the rollback
         assert late and set(late) == {"tiny-llama@2.0.0"}, set(late)
         assert UsageRecord.objects.filter(version="tiny-llama@3.0.0").exists()
         table = routing_selectors.current()

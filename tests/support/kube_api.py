@@ -1,7 +1,8 @@
 """A small Kubernetes API server for tests and benchmarks: the real REST protocol over HTTP.
 
-It keeps Deployments, Services and Pods, HorizontalPodAutoscalers (autoscaling/v2) and KEDA ScaledObjects
-(a custom resource) in memory and answers the calls the official client makes: server-side apply (PATCH
+It keeps Deployments, Services and Pods, Secrets, PodDisruptionBudgets, HorizontalPodAutoscalers
+(autoscaling/v2), Ingresses, and the custom resources KEDA's ScaledObjects and Gateway API's HTTPRoutes in
+memory and answers the calls the official client makes: server-side apply (PATCH
 application/apply-patch+yaml with fieldManager), merge patches (what ``kubectl scale`` and an HPA's
 controller send), GET, LIST with label selectors, DELETE, with complete objects (uid, resourceVersion,
 generation, status) since client 37 validates responses. Of server-side apply's field ownership it keeps
@@ -14,23 +15,31 @@ A Deployment becomes ready as soon as it is applied, unless the test holds it or
 Its generation grows with every spec change; a test can keep the Deployment controller from acting on one
 (``lagging``: status and pods stay those of the template it last rolled out) and set status fields itself
 (``status_overrides``: observedGeneration, replicas, updatedReplicas, readyReplicas, conditions). Every
-request is logged, so a test can assert that a no-op reconcile pass wrote nothing.
+request is logged, so a test can assert that a no-op reconcile pass wrote nothing. What other controllers
+write in a status (a cloud load balancer's address, an ingress controller's, a Gateway accepting a route)
+a test sets in ``reported``.
 """
 
+import argparse
 import copy
 import json
 import re
+import sys
 import threading
 import uuid
+from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 import yaml
 
 PATH = re.compile(
-    r"^/(?:api/v1|apis/apps/v1|apis/autoscaling/v2|apis/policy/v1|apis/keda\.sh/v1alpha1)/namespaces/(?P<ns>[^/]+)/"
-    r"(?P<kind>deployments|services|secrets|pods|poddisruptionbudgets|horizontalpodautoscalers|scaledobjects)"
+    r"^/(?:api/v1|apis/apps/v1|apis/autoscaling/v2|apis/policy/v1|apis/keda\.sh/v1alpha1"
+    r"|apis/networking\.k8s\.io/v1|apis/gateway\.networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
+    r"(?P<kind>deployments|services|secrets|pods|poddisruptionbudgets|horizontalpodautoscalers|scaledobjects"
+    r"|ingresses|httproutes)"
     r"(?:/(?P<name>[^/?]+))?"
 )
 KINDS = {
@@ -41,6 +50,15 @@ KINDS = {
     "pods": ("v1", "Pod"),
     "horizontalpodautoscalers": ("autoscaling/v2", "HorizontalPodAutoscaler"),
     "scaledobjects": ("keda.sh/v1alpha1", "ScaledObject"),
+    "ingresses": ("networking.k8s.io/v1", "Ingress"),
+    "httproutes": ("gateway.networking.k8s.io/v1", "HTTPRoute"),
+}
+# The status an object has until a controller reports something (a load balancer's address, a Gateway
+# accepting a route): what ``reported`` overrides.
+EMPTY_STATUS = {
+    "Service": {"loadBalancer": {}},
+    "Ingress": {"loadBalancer": {}},
+    "HTTPRoute": {"parents": []},
 }
 
 
@@ -88,10 +106,37 @@ def _started_pod(created: str) -> dict[str, Any]:
     }
 
 
+class Objects(dict[tuple[str, str, str], dict[str, Any]]):
+    """(kind, namespace, name) → object, also indexed by (kind, namespace): a listing reads its own kind
+    and namespace, not every object (at thousands of workloads a scan per request would time this server,
+    not the client calling it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_place: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+
+    def __setitem__(self, key: tuple[str, str, str], value: dict[str, Any]) -> None:
+        super().__setitem__(key, value)
+        self.by_place[key[:2]][key[2]] = value
+
+    def pop(self, key: tuple[str, str, str], *default: Any) -> Any:  # type: ignore[override]
+        self.by_place[key[:2]].pop(key[2], None)
+        return super().pop(key, *default)
+
+    def listing(self, kind: str, ns: str) -> list[dict[str, Any]]:
+        return list(self.by_place[(kind, ns)].values())
+
+
+def selected(labels: dict[str, str], selector: str) -> bool:
+    """Whether labels match an equality-based label selector (``a=b,c=d``)."""
+    wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
 class KubeState:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.objects = Objects()
         self.requests: list[tuple[str, str]] = []
         self.held: set[str] = set()  # deployments that must not become ready
         self.pod_problems: dict[str, dict[str, Any]] = {}  # deployment name → waiting state
@@ -101,6 +146,7 @@ class KubeState:
         self.rolled_out: dict[str, dict[str, Any]] = {}  # name → template labels and status last rolled out
         self.appliers: dict[tuple[str, str, str], str] = {}  # the field manager that applied it first
         self.replica_owners: dict[str, set[str]] = {}  # deployment name → managers owning spec.replicas
+        self.reported: dict[tuple[str, str], dict[str, Any]] = {}  # (kind, name) → status a controller wrote
 
     def apply_replicas(
         self, name: str, manager: str, force: bool, current: dict[str, Any] | None, sent: dict[str, Any]
@@ -140,9 +186,11 @@ class KubeState:
                 self.rolled_out[name] = {"labels": labels, "status": self._deployment_status(obj)}
             status = copy.deepcopy(self.rolled_out[name]["status"])
             obj["status"] = {**status, **self.status_overrides.get(name, {})}
-        elif obj["kind"] == "Service":
-            obj["spec"].setdefault("clusterIP", "10.96.0.10")
-            obj["status"] = {"loadBalancer": {}}
+        elif obj["kind"] in EMPTY_STATUS:
+            if obj["kind"] == "Service":
+                obj["spec"].setdefault("clusterIP", "10.96.0.10")
+            name = obj["metadata"]["name"]
+            obj["status"] = copy.deepcopy(self.reported.get((obj["kind"], name), EMPTY_STATUS[obj["kind"]]))
 
     def _deployment_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         name, want = obj["metadata"]["name"], obj["spec"].get("replicas", 1)
@@ -167,14 +215,19 @@ class KubeState:
 
     def pods(self, ns: str, selector: str) -> list[dict[str, Any]]:
         """One pod per replica the controller last rolled out, labelled from the template it rolled out."""
-        wanted = dict(part.split("=", 1) for part in selector.split(",") if "=" in part)
+        instance = dict(part.split("=", 1) for part in selector.split(",") if "=" in part).get(
+            "app.kubernetes.io/instance"
+        )
+        if instance is None:
+            deployments = self.objects.listing("deployments", ns)
+        else:  # a workload's pods: its Deployment is named after it
+            deployments = [d for d in [self.objects.get(("deployments", ns, instance))] if d]
         pods = []
-        for (kind, pod_ns, name), obj in self.objects.items():
-            if kind != "deployments" or pod_ns != ns:
-                continue
+        for obj in deployments:
+            name = obj["metadata"]["name"]
             seen = self.rolled_out.get(name, {})
             labels = seen.get("labels") or obj["metadata"].get("labels", {})
-            if any(labels.get(k) != v for k, v in wanted.items()):
+            if not selected(labels, selector):
                 continue
             count = max(1, seen.get("status", {}).get("replicas", 1))
             pods += [self._pod(ns, name, obj, labels, index) for index in range(count)]
@@ -224,6 +277,7 @@ class KubeState:
 class Handler(BaseHTTPRequestHandler):
     state: KubeState
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # small JSON answers: without it each waits ~40 ms for delayed ACKs
 
     def log_message(self, format: str, *args: Any) -> None:
         return
@@ -266,6 +320,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self._dropped():
             return None
+        if self.path == "/_requests":  # the benchmark's count, when this server runs in its own process
+            return self._send(200, {"total": len(self.state.requests), "writes": len(self.state.writes())})
         self.state.requests.append(("GET", self.path))
         route = self._route()
         if route is None:
@@ -273,11 +329,16 @@ class Handler(BaseHTTPRequestHandler):
         ns, kind, name, params = route
         with self.state.lock:
             if name is None:
-                items = self.state.pods(
-                    ns, params.get("labelSelector", "").replace("%3D", "=").replace("%2C", ",")
-                )
+                selector = unquote(params.get("labelSelector", ""))
+                items = self.state.pods(ns, selector)
                 if kind != "pods":
-                    items = [o for (k, n, _), o in self.state.objects.items() if k == kind and n == ns]
+                    items = [
+                        o
+                        for o in self.state.objects.listing(kind, ns)
+                        if selected(o["metadata"].get("labels", {}), selector)
+                    ]
+                    for item in items:
+                        self.state.refresh_status(item)
                 api_version, object_kind = KINDS[kind]
                 return self._send(
                     200,
@@ -302,7 +363,11 @@ class Handler(BaseHTTPRequestHandler):
         if route is None or route[2] is None:
             return self._status(404, "NotFound", "no such path")
         ns, kind, name, params = route[0], route[1], route[2], route[3]
-        body = yaml.safe_load(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}"
+        try:
+            body = json.loads(raw)  # what the official client sends, even as apply-patch+yaml
+        except ValueError:
+            body = yaml.safe_load(raw)
         content_type = self.headers.get("Content-Type", "")
         with self.state.lock:
             current = self.state.objects.get((kind, ns, name))
@@ -378,11 +443,23 @@ class Handler(BaseHTTPRequestHandler):
         return self._send(200, {**status, "details": {"name": name, "kind": kind}})
 
 
+def kubeconfig(url: str) -> dict[str, Any]:
+    """A kubeconfig for the server at ``url`` (a bearer token it does not check)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": url}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+        "users": [{"name": "test", "user": {"token": "test-token"}}],
+    }
+
+
 class KubeApiServer:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.state = KubeState()
         handler = type("BoundHandler", (Handler,), {"state": self.state})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -396,11 +473,19 @@ class KubeApiServer:
         self.httpd.server_close()
 
     def kubeconfig(self) -> dict[str, Any]:
-        return {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "test",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
-            "users": [{"name": "test", "user": {"token": "test-token"}}],
-        }
+        return kubeconfig(self.url)
+
+
+def main() -> None:
+    """Serves in a process of its own (the reconcile benchmark's cluster): prints its URL, until killed."""
+    parser = argparse.ArgumentParser(description="A Kubernetes API test server.")
+    parser.add_argument("--port", type=int, default=0)
+    port = parser.parse_args().port
+    server = KubeApiServer(port)
+    print(server.url, flush=True)
+    sys.stdout.close()
+    server.httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

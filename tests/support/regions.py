@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from core.principal import Principal
+from regions.drivers.base import WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.engines.tiny_model import write_tiny_model
 from regions.models import Deployment, DeploymentTarget, Region
@@ -21,6 +22,18 @@ from tests.support.principals import principal
 from tests.support.processes import wait_for
 from tests.support.registry import advance, register
 
+# A workload as the Kubernetes driver's tests render it: one L4 per replica, two replicas.
+L4_SPEC = WorkloadSpec(
+    name="cp-7-chat",
+    labels={"controlplane.io/tenant": "acme", "controlplane.io/deployment": "7"},
+    replicas=2,
+    served_model_name="llama-3-8b-instruct",
+    model_uri="s3://models-eu/llama/1.0.0/",
+    runtime_image="vllm/vllm-openai:v0.33.0",
+    engine_args={"max_model_len": 8192},
+    gpu_type="L4",
+    gpu_count=1,
+)
 TINY_ENGINE_ARGS = {"load_format": "dummy", "dtype": "float32", "max_model_len": 512}
 ENGINE_START_TIMEOUT = 420  # a real vLLM engine (CPU build)
 
@@ -61,10 +74,16 @@ def make_region(world, tmp_path):  # type: ignore[no-untyped-def]
 
 
 def kubernetes_region(
-    actor: Principal, kubeconfig: dict[str, Any], directory: Path, code: str = "eu-central-1", **fields: Any
+    actor: Principal,
+    kubeconfig: dict[str, Any],
+    directory: Path,
+    code: str = "eu-central-1",
+    exposure: dict[str, Any] | None = None,
+    **fields: Any,
 ) -> Region:
     """A Kubernetes region whose cluster is the API at ``kubeconfig`` (tests.support.kube_api), with an L4
-    pool; ``fields`` are the region's own (prometheus_url, status, ...)."""
+    pool, its engines exposed as ``exposure`` says (the driver's default: in-cluster); ``fields`` are the
+    region's own (prometheus_url, status, ...)."""
     path = directory / f"kubeconfig-{code}"
     path.write_text(json.dumps(kubeconfig))
     return region_create(
@@ -74,7 +93,12 @@ def kubernetes_region(
         provider="aws",
         jurisdiction="EU",
         driver="kubernetes",
-        driver_config={"namespace": "llm", "kubeconfig_file": str(path), "read_timeout": 5},
+        driver_config={
+            "namespace": "llm",
+            "kubeconfig_file": str(path),
+            "read_timeout": 5,
+            **({"exposure": exposure} if exposure else {}),
+        },
         gpu_pools=[
             {
                 "gpu_type": "L4",

@@ -1,0 +1,139 @@
+"""A region's reconcile pass at fleet size, against a Kubernetes API server speaking the real protocol: a
+converged region is surveyed with one listing and left alone (nothing claimed, nothing written, to the
+database or the cluster), and whatever is not exactly as recorded is reconciled as before."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from kubernetes import client
+
+from regions.models import DeploymentTarget, GpuPool
+from regions.reconciler import reconcile_region
+from regions.services.deployments import deployment_create
+from regions.workloads import target_workload
+from registry.models import ModelAlias
+from tests.support.kube_api import KubeApiServer
+from tests.support.principals import principal
+from tests.support.regions import converge, kubernetes_region, tiny_version
+from tests.support.rollouts import next_version
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LIST = "/apis/apps/v1/namespaces/llm/deployments?labelSelector=app.kubernetes.io/managed-by%3Dcontrolplane"
+WRITES = ("INSERT", "UPDATE", "DELETE")
+
+
+@pytest.fixture
+def fleet(world, tmp_path, tiny_model_dir):
+    """Three converged deployments in one Kubernetes region, the third following the production alias."""
+    with KubeApiServer() as kube:
+        region = kubernetes_region(principal(world.operator), kube.kubeconfig(), tmp_path)
+        version = tiny_version(principal(world.operator), tiny_model_dir)
+        alice = principal(world.alice)
+        deployments = [
+            deployment_create(
+                actor=alice, owner=world.tenant_a, name=f"chat-{n}", model=version.model, version="1.0.0"
+            )
+            for n in range(2)
+        ]
+        deployments.append(
+            deployment_create(
+                actor=alice,
+                owner=world.tenant_a,
+                name="follows",
+                model=version.model,
+                follow_alias="production",
+            )
+        )
+        for deployment in deployments:
+            converge(deployment)
+        assert set(DeploymentTarget.objects.values_list("status", flat=True)) == {"ready"}
+        yield kube, region, deployments
+
+
+def all_due() -> None:
+    DeploymentTarget.objects.update(next_attempt_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_a_pass_over_a_converged_region_lists_once_and_writes_nothing(fleet):
+    kube, region, _ = fleet
+    all_due()
+    before = list(DeploymentTarget.objects.order_by("pk").values())
+    kube.state.requests.clear()
+    with CaptureQueriesContext(connection) as queries:
+        assert reconcile_region(region.pk) == 0  # nothing needed action
+    assert kube.state.requests == [("GET", LIST)]
+    assert [q["sql"] for q in queries if q["sql"].lstrip().startswith(WRITES)] == []
+    assert len(queries) <= 8  # a handful, whatever the number of targets
+    assert list(DeploymentTarget.objects.order_by("pk").values()) == before
+
+
+def _name(deployment) -> str:  # type: ignore[no-untyped-def]
+    return target_workload(DeploymentTarget.objects.get(deployment=deployment))
+
+
+def _scale_outside(kube, deployment) -> None:  # type: ignore[no-untyped-def]
+    configuration = client.Configuration()
+    configuration.host = kube.url
+    apps = client.AppsV1Api(client.ApiClient(configuration))
+    apps.patch_namespaced_deployment_scale(_name(deployment), "llm", {"spec": {"replicas": 3}})
+
+
+def _delete_outside(kube, deployment) -> None:  # type: ignore[no-untyped-def]
+    kube.state.objects.pop(("deployments", "llm", _name(deployment)))
+
+
+def _replica_dies(kube, deployment) -> None:  # type: ignore[no-untyped-def]
+    kube.state.pod_problems[_name(deployment)] = {"reason": "CrashLoopBackOff", "message": "exit 137"}
+
+
+def _pool_relabelled(kube, deployment) -> None:  # type: ignore[no-untyped-def]
+    # The spec changes without the deployment's generation moving: only comparing specs catches it.
+    GpuPool.objects.update(node_labels={"nvidia.com/gpu.product": "NVIDIA-L4-24GB"})
+
+
+@pytest.mark.parametrize(
+    ("change", "expect"),
+    [
+        (_scale_outside, lambda stored, target: stored["spec"]["replicas"] == 1),
+        (_delete_outside, lambda stored, target: stored is not None and target.status == "ready"),
+        (_replica_dies, lambda stored, target: target.status == "degraded" and target.ready_replicas == 0),
+        (
+            _pool_relabelled,
+            lambda stored, target: (
+                stored["spec"]["template"]["spec"]["nodeSelector"]
+                == {"nvidia.com/gpu.product": "NVIDIA-L4-24GB"}
+            ),
+        ),
+    ],
+    ids=["scaled outside", "deleted outside", "a replica died", "the GPU pool relabelled"],
+)
+def test_what_is_not_as_recorded_is_reconciled_and_the_rest_left_alone(fleet, change, expect):
+    kube, region, deployments = fleet
+    changed, untouched = deployments[0], deployments[1]
+    change(kube, changed)
+    all_due()
+    kube.state.requests.clear()
+    acted = reconcile_region(region.pk)
+    target = DeploymentTarget.objects.get(deployment=changed)
+    assert expect(kube.state.objects.get(("deployments", "llm", _name(changed))), target)
+    if change is _pool_relabelled:
+        assert acted == 3  # every workload in the pool
+    else:
+        assert acted == 1
+        assert not [path for method, path in kube.state.requests if _name(untouched) in path]
+
+
+def test_a_moved_alias_is_followed_by_the_pass(fleet, world, tiny_model_dir):
+    kube, region, deployments = fleet
+    follows = deployments[2]
+    newer = next_version(principal(world.operator), follows.version, "1.1.0", status="production")
+    ModelAlias.objects.filter(model=follows.model, name="production").update(version=newer)
+    all_due()
+    assert reconcile_region(region.pk) == 1
+    follows.refresh_from_db()
+    assert follows.version == newer
+    stored = kube.state.objects[("deployments", "llm", _name(follows))]
+    assert stored["metadata"]["labels"]["controlplane.io/version"] == "1.1.0"
