@@ -99,7 +99,9 @@ def _unchanged(driver: WorkloadDriver, due: list[int]) -> set[int]:
     ready = list(
         DeploymentTarget.objects.filter(pk__in=due, status=TargetStatus.READY, attempts=0, last_error="")
         .exclude(role=TargetRole.RETIRING)
-        .select_related(*TARGET_RELATIONS)
+        .select_related("deployment__owner", "region")
+        # Thousands of targets share a few models and versions (large JSON columns): read each once.
+        .prefetch_related("deployment__model", "deployment__version", "version")
     )
     inputs = spec_inputs(ready)
     moved = _alias_moved(ready)

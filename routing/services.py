@@ -5,8 +5,9 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -54,13 +55,44 @@ def table_after(etag: str, wait: float) -> RouteTable:
 SERVING = frozenset({TargetStatus.READY, TargetStatus.DEGRADED})
 
 
+class Coalesced:
+    """Runs an action for every call, but never two at once in a process: a call made while it runs only
+    asks for one more run after it, which sees every change committed before it starts. A reconcile pass
+    that brings thousands of targets up asks for thousands of tables and computes a handful (each is
+    computed over the whole fleet, so one per change would cost the square of the fleet)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.again = False
+
+    def __call__(self, action: Callable[[], object]) -> None:
+        with self.lock:
+            if self.running:
+                self.again = True
+                return
+            self.running = True
+        try:
+            while True:
+                action()
+                with self.lock:
+                    if not self.again:
+                        return
+                    self.again = False
+        finally:
+            with self.lock:
+                self.running = False
+
+
+_REPUBLISH = Coalesced()
+
+
 def republish_when_serving_changes(target: DeploymentTarget, before: str, after: str) -> None:
     """``regions.hooks.on_status_changed`` listener: a region that starts or stops serving is in the table
     now, not at the router's next round (a request held for a woken deployment waits for it). Never raises:
     the router's own round publishes anyway."""
     if before in SERVING or after in SERVING:
         try:
-            publish()
+            _REPUBLISH(publish)
         except Exception:
             log.exception("publishing after %s went %s → %s failed", target, before, after)
 
