@@ -137,11 +137,12 @@ def _alias_moved(targets: list[DeploymentTarget]) -> set[int]:
             model_id__in={d.model_id for d in following}, name__in={d.follow_alias for d in following}
         )
     }
-    return {
-        d.pk
-        for d in following
-        if points.get((d.model_id, d.follow_alias), d.version_id) not in (None, d.version_id)
-    }
+    return {d.pk for d in following if _points_elsewhere(d, points.get((d.model_id, d.follow_alias)))}
+
+
+def _points_elsewhere(deployment: Deployment, alias_version_id: int | None) -> bool:
+    """Whether the alias a deployment follows names a version other than the one it runs."""
+    return alias_version_id is not None and alias_version_id != deployment.version_id
 
 
 def _reconcile_in_thread(target_id: int) -> None:
@@ -183,7 +184,7 @@ def _follow_alias(target: DeploymentTarget) -> None:
     if not deployment.follow_alias or deployment.state != DeploymentState.ACTIVE:
         return
     alias = deployment.model.aliases.filter(name=deployment.follow_alias).select_related("version").first()
-    if alias is None or alias.version is None or alias.version_id == deployment.version_id:
+    if alias is None or alias.version is None or not _points_elsewhere(deployment, alias.version_id):
         return
     if hooks.alias_follow_veto(deployment, alias.version):
         return

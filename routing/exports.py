@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from gateway import contract
-from regions.drivers.kubernetes import workload_of_service
+from regions.drivers.kubernetes_exposure import workload_of_service
 
 
 def nginx(tenants: dict[str, contract.TenantRoutes], generation: int) -> str:

@@ -24,7 +24,7 @@ from regions.drivers.base import (
     check_otlp_traces_endpoint,
     tracing_flags,
 )
-from regions.drivers.kubernetes_exposure import Exposure, delete_routes
+from regions.drivers.kubernetes_exposure import Exposure, delete_routes, service_name
 from regions.drivers.kubernetes_scaling import (
     APPLY,
     SCALER_ANNOTATION,
@@ -315,9 +315,6 @@ def disruption_budget(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, An
     }
 
 
-SERVICE_SUFFIX = "-engine"
-
-
 def key_secret_name(workload: str) -> str:
     return f"{workload}-engine-key"
 
@@ -339,16 +336,6 @@ def key_secret(spec: WorkloadSpec, cfg: KubernetesConfig, key: str) -> dict[str,
         "type": "Opaque",
         "stringData": {"api-key": key},
     }
-
-
-def service_name(workload: str) -> str:
-    # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://… and vLLM reads VLLM_PORT as its own setting.
-    return f"{workload}{SERVICE_SUFFIX}"
-
-
-def workload_of_service(service: str) -> str:
-    """The workload (``app.kubernetes.io/instance`` of its pods) whose Service this is."""
-    return service.removesuffix(SERVICE_SUFFIX)
 
 
 @contextmanager

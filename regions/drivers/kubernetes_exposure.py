@@ -144,7 +144,7 @@ class Exposure:
         """``endpoint`` of many workloads at once, from one LIST of the mode's objects (none in cluster
         mode): workload → URL, '' while its address is not reported."""
         if self.mode == CLUSTER:
-            return {w: self.endpoint(api, namespace, w, f"{w}-engine", timeout) for w in workloads}
+            return {w: self.endpoint(api, namespace, w, service_name(w), timeout) for w in workloads}
         if self.mode == LOADBALANCER:
             listed = client.CoreV1Api(api).list_namespaced_service(
                 namespace, label_selector=selector, _request_timeout=timeout
@@ -188,6 +188,19 @@ class Exposure:
             client.CustomObjectsApi(api).patch_namespaced_custom_object(
                 ROUTE_GROUP, ROUTE_VERSION, meta["namespace"], ROUTE_PLURAL, meta["name"], route, **options
             )
+
+
+SERVICE_SUFFIX = "-engine"
+
+
+def service_name(workload: str) -> str:
+    # Never "vllm": Kubernetes would inject VLLM_PORT=tcp://… and vLLM reads VLLM_PORT as its own setting.
+    return f"{workload}{SERVICE_SUFFIX}"
+
+
+def workload_of_service(service: str) -> str:
+    """The workload (``app.kubernetes.io/instance`` of its pods) whose Service this is."""
+    return service.removesuffix(SERVICE_SUFFIX)
 
 
 INSTANCE = "app.kubernetes.io/instance"  # on every object of a workload: its name

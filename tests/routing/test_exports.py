@@ -8,7 +8,7 @@ import yaml
 from envoy_data_plane.envoy.config.cluster.v3 import Cluster
 
 from gateway import contract
-from regions.drivers.kubernetes import service_name, workload_of_service
+from regions.drivers.kubernetes_exposure import service_name, workload_of_service
 from routing import services
 from routing.exports import envoy, gateway_api
 from tests.support.kube_schemas import http_route_errors, inference_pool_errors
