@@ -9,7 +9,7 @@ class BillingConfig(AppConfig):
 
     def ready(self) -> None:
         # The one import that must wait for ready(): metering uses the models, loadable only now.
-        from billing.metering import record_allocation
+        from billing.metering import record_allocations
 
         # The reconciler reports the GPUs each target holds after every pass: billed capacity.
-        regions_hooks.on_allocation(record_allocation)
+        regions_hooks.on_allocation(record_allocations)

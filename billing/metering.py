@@ -1,5 +1,6 @@
 """Capacity metering: the GPUs each revision of a deployment holds in each region, as segments in time."""
 
+from collections import defaultdict
 from datetime import datetime
 
 from django.db import transaction
@@ -17,31 +18,50 @@ def record_allocation(target: DeploymentTarget, gpus: int, at: datetime | None =
     The version is the one the target runs (a candidate's own, not the deployment's), and the purpose says
     who pays: a shadow candidate's GPUs are the platform's evaluation cost, so putting it to serving starts
     the tenant's segment at that moment."""
+    record_allocations([(target, gpus)], at)
+
+
+def record_allocations(held: list[tuple[DeploymentTarget, int]], at: datetime | None = None) -> None:
+    """``record_allocation`` for many targets (a reconcile batch): one read of their open segments, one
+    insert of the segments they open."""
+    if not held:
+        return
     at = at or timezone.now()
+    segments: dict[tuple[int, int], list[CapacitySegment]] = defaultdict(list)
+    for segment in CapacitySegment.objects.filter(
+        deployment_id__in={t.deployment_id for t, _ in held},
+        region_id__in={t.region_id for t, _ in held},
+        ended_at__isnull=True,
+    ):
+        segments[(segment.deployment_id, segment.region_id)].append(segment)
+    with transaction.atomic():
+        opened = [_allocate(t, gpus, segments[(t.deployment_id, t.region_id)], at) for t, gpus in held]
+        CapacitySegment.objects.bulk_create([segment for segment in opened if segment is not None])
+
+
+def _allocate(
+    target: DeploymentTarget, gpus: int, held: list[CapacitySegment], at: datetime
+) -> CapacitySegment | None:
+    """Close what changed of the target's open segments; the segment to open, if any."""
     version = target_version(target)
-    held = list(
-        CapacitySegment.objects.filter(
-            deployment_id=target.deployment_id, region_id=target.region_id, ended_at__isnull=True
-        )
-    )
     mine = next((s for s in held if s.revision == target.revision), None)
     _close_vanished([s for s in held if s.revision != target.revision], target, at)
     if mine is not None and (mine.gpus, mine.version_id, mine.purpose) == (gpus, version.pk, target.purpose):
-        return
-    with transaction.atomic():
-        if mine is not None:
-            CapacitySegment.objects.filter(pk=mine.pk, ended_at__isnull=True).update(ended_at=at)
-        if gpus > 0:
-            CapacitySegment.objects.create(
-                deployment_id=target.deployment_id,
-                version=version,
-                region_id=target.region_id,
-                revision=target.revision,
-                purpose=target.purpose,
-                gpu_type=target.deployment.gpu_type,
-                gpus=gpus,
-                started_at=at,
-            )
+        return None
+    if mine is not None:
+        CapacitySegment.objects.filter(pk=mine.pk, ended_at__isnull=True).update(ended_at=at)
+    if gpus <= 0:
+        return None
+    return CapacitySegment(
+        deployment_id=target.deployment_id,
+        version=version,
+        region_id=target.region_id,
+        revision=target.revision,
+        purpose=target.purpose,
+        gpu_type=target.deployment.gpu_type,
+        gpus=gpus,
+        started_at=at,
+    )
 
 
 def _close_vanished(others: list[CapacitySegment], target: DeploymentTarget, at: datetime) -> None:

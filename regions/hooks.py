@@ -59,13 +59,13 @@ def weights_provider() -> WeightsProvider | None:
     return _WEIGHTS[0] if _WEIGHTS else None
 
 
-# Called after every reconcile of a target with the GPUs it holds (replicas scheduled × GPUs per replica).
-ALLOCATION_LISTENERS: list[Callable[[DeploymentTarget, int], None]] = []
+# Called after reconciles with the GPUs each target holds (replicas scheduled × GPUs per replica), a
+# batch of targets at a time.
+Allocations = list[tuple["DeploymentTarget", int]]
+ALLOCATION_LISTENERS: list[Callable[[Allocations], None]] = []
 
 
-def on_allocation(
-    listener: Callable[[DeploymentTarget, int], None],
-) -> Callable[[DeploymentTarget, int], None]:
+def on_allocation(listener: Callable[[Allocations], None]) -> Callable[[Allocations], None]:
     if listener not in ALLOCATION_LISTENERS:  # ready() may run twice (tests that reload apps)
         ALLOCATION_LISTENERS.append(listener)
     return listener
@@ -134,14 +134,22 @@ def in_cluster_scalers(targets: list[DeploymentTarget]) -> dict[int, dict[str, A
     return found
 
 
-# Told after a target's status change commits (before, after): the router republishes at once when a
-# region starts or stops serving, instead of at its next round (a held request waits for that table).
-STATUS_LISTENERS: list[Callable[[DeploymentTarget, str, str], None]] = []
+@dataclass(frozen=True)
+class StatusChange:
+    target: DeploymentTarget
+    before: str
+    after: str
+
+
+# Told after status changes commit, all of a reconcile batch's together: the router republishes at once
+# when a region starts or stops serving, instead of at its next round (a held request waits for that
+# table), and once for a batch, not once per change.
+STATUS_LISTENERS: list[Callable[[list[StatusChange]], None]] = []
 
 
 def on_status_changed(
-    listener: Callable[[DeploymentTarget, str, str], None],
-) -> Callable[[DeploymentTarget, str, str], None]:
+    listener: Callable[[list[StatusChange]], None],
+) -> Callable[[list[StatusChange]], None]:
     if listener not in STATUS_LISTENERS:
         STATUS_LISTENERS.append(listener)
     return listener

@@ -192,9 +192,10 @@ def placements(now: datetime | None = None) -> list[Placement]:
     targets = (
         DeploymentTarget.objects.filter(deployment__state=DeploymentState.ACTIVE)
         .exclude(role=TargetRole.RETIRING)  # out of the route table at once; its workload drains
-        .select_related(
-            "deployment__owner", "deployment__version__model__owner", "version__model__owner", "region"
-        )
+        .select_related("deployment__owner", "region")
+        # Thousands of targets share a few versions (wide rows, JSON columns): read each once.
+        .prefetch_related("deployment__version__model__owner", "version__model__owner")
+        .defer("cold_starts", "last_error")
     )
     price_of = prices_now(now)  # the GPU price in force: the tiebreaker between regions
     everyone = list(Tenant.objects.filter(status=TenantStatus.ACTIVE).values_list("slug", flat=True))

@@ -22,7 +22,8 @@ from core.principal import Principal
 from core.services.audit import audit_record
 from gateway import contract
 from regions.choices import TargetStatus
-from regions.models import DeploymentTarget, Region
+from regions.hooks import StatusChange
+from regions.models import Region
 from routing import selectors
 from routing.choices import (
     FAILURES_TO_EJECT,
@@ -86,15 +87,18 @@ class Coalesced:
 _REPUBLISH = Coalesced()
 
 
-def republish_when_serving_changes(target: DeploymentTarget, before: str, after: str) -> None:
+def republish_when_serving_changes(changes: list[StatusChange]) -> None:
     """``regions.hooks.on_status_changed`` listener: a region that starts or stops serving is in the table
     now, not at the router's next round (a request held for a woken deployment waits for it). Never raises:
     the router's own round publishes anyway."""
-    if before in SERVING or after in SERVING:
-        try:
-            _REPUBLISH(publish)
-        except Exception:
-            log.exception("publishing after %s went %s → %s failed", target, before, after)
+    moved = [c for c in changes if c.before in SERVING or c.after in SERVING]
+    if not moved:
+        return
+    try:
+        _REPUBLISH(publish)
+    except Exception:
+        first = moved[0]
+        log.exception("publishing after %s went %s → %s failed", first.target, first.before, first.after)
 
 
 def publish(now: datetime | None = None) -> RouteTable:

@@ -72,6 +72,19 @@ def _locked_head() -> AuditChainHead:
     return head
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One event to append (``audit_record_many``)."""
+
+    actor: Principal
+    action: str
+    target: models.Model | None = None
+    tenant: Tenant | None = None
+    before: Any = None
+    after: Any = None
+    message: str = ""
+
+
 def audit_record(
     *,
     actor: Principal,
@@ -82,37 +95,57 @@ def audit_record(
     after: Any = None,
     message: str = "",
 ) -> AuditEvent:
-    """Append one event to the chain, inside the caller's transaction.
+    """Append one event to the chain, inside the caller's transaction."""
+    entry = AuditEntry(actor, action, target, tenant, before, after, message)
+    return audit_record_many([entry])[0]
+
+
+def audit_record_many(entries: Sequence[AuditEntry]) -> list[AuditEvent]:
+    """Append events to the chain in order, inside the caller's transaction, under one acquisition of the
+    chain head's lock (a reconcile pass appends its status changes together, not one lock each).
 
     The chain head row is locked first, so parallel writers append one after another and never fork
     the chain; the lock is held only until the caller's transaction commits.
     """
+    if not entries:
+        return []
     with transaction.atomic():
         head = _locked_head()
-        event = AuditEvent(
-            seq=head.seq + 1,
-            occurred_at=timezone.now(),
-            actor_type=actor.kind,
-            actor_id=actor.actor_id,
-            actor_name=actor.name[:200],
-            token_prefix=actor.token.prefix if actor.token else "",
-            tenant=tenant,
-            tenant_slug=tenant.slug if tenant else "",
-            action=action,
-            target_type=target._meta.label_lower if target is not None else "",
-            target_id=str(target.pk) if target is not None else "",
-            target_repr=str(target)[:300] if target is not None else "",
-            before=jsonable(before),
-            after=jsonable(after),
-            request_id=current_request_id(),
-            source=actor.source,
-            message=message,
-            prev_hash=head.hash,
-            hash_version=HASH_VERSION,
-        )
-        event.hash = event_hash(event)
-        event.save()
-        AuditChainHead.objects.filter(pk=1).update(seq=event.seq, hash=event.hash)
+        events, seq, prev_hash = [], head.seq, head.hash
+        for entry in entries:
+            seq += 1
+            event = _event(entry, seq, prev_hash)
+            events.append(event)
+            prev_hash = event.hash
+        AuditEvent.objects.bulk_create(events)
+        AuditChainHead.objects.filter(pk=1).update(seq=seq, hash=prev_hash)
+    return events
+
+
+def _event(entry: AuditEntry, seq: int, prev_hash: str) -> AuditEvent:
+    target, tenant, actor = entry.target, entry.tenant, entry.actor
+    event = AuditEvent(
+        seq=seq,
+        occurred_at=timezone.now(),
+        actor_type=actor.kind,
+        actor_id=actor.actor_id,
+        actor_name=actor.name[:200],
+        token_prefix=actor.token.prefix if actor.token else "",
+        tenant=tenant,
+        tenant_slug=tenant.slug if tenant else "",
+        action=entry.action,
+        target_type=target._meta.label_lower if target is not None else "",
+        target_id=str(target.pk) if target is not None else "",
+        target_repr=str(target)[:300] if target is not None else "",
+        before=jsonable(entry.before),
+        after=jsonable(entry.after),
+        request_id=current_request_id(),
+        source=actor.source,
+        message=entry.message,
+        prev_hash=prev_hash,
+        hash_version=HASH_VERSION,
+    )
+    event.hash = event_hash(event)
     return event
 
 

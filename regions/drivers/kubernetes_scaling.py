@@ -183,9 +183,10 @@ def scaler_manifest(spec: WorkloadSpec, namespace: str, labels: dict[str, str]) 
     raise DriverError(f"unknown in-cluster scaler {kind!r} (hpa or keda)", permanent=True)
 
 
-def scaler_of(deployment: Any) -> str:
-    """Which in-cluster scaler a Deployment was last applied with ('' when the control plane sizes it)."""
-    annotations = (deployment.metadata.annotations if deployment.metadata else None) or {}
+def scaler_of(deployment: dict[str, Any]) -> str:
+    """Which in-cluster scaler a Deployment (as the API server's JSON) was last applied with ('' when the
+    control plane sizes it)."""
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
     return str(annotations.get(SCALER_ANNOTATION, ""))
 
 
@@ -223,17 +224,17 @@ class ScalerObjects:
                 KEDA_GROUP, KEDA_VERSION, self.namespace, KEDA_PLURAL, name, manifest, **self.options
             )
 
-    def hand_over_replicas(self, deployment: Any) -> None:
+    def hand_over_replicas(self, deployment: dict[str, Any]) -> None:
         """The first delegated apply drops ``replicas`` from the control plane's fields; left unowned, the
         API server would reset them to 1. A second field manager first applies the current count alone,
         as the server-side apply docs hand a field to an HPA ("Transferring ownership"), without force: a
         conflict means the scaler has written its own count already, and there is nothing to hold."""
-        name = deployment.metadata.name
+        name = deployment["metadata"]["name"]
         body = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"replicas": deployment.spec.replicas},
+            "spec": {"replicas": (deployment.get("spec") or {}).get("replicas")},
         }
         try:
             self.apps.patch_namespaced_deployment(
