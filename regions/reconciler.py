@@ -26,7 +26,7 @@ from core.principal import Principal
 from core.services.audit import AuditEntry, audit_record, audit_record_many
 from regions import hooks
 from regions.choices import DeploymentState, TargetRole, TargetStatus
-from regions.drivers.base import DriverError, ObservedWorkload, WorkloadDriver, WorkloadSpec
+from regions.drivers.base import DriverError, ObservedWorkload, Survey, WorkloadDriver, WorkloadSpec
 from regions.drivers.factory import driver_for
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, Region
 from regions.workloads import SpecInputs, removed, spec_inputs, target_workload, workload_spec
@@ -95,27 +95,31 @@ def reconcile_region(region_id: int, unsettled_only: bool = False) -> int:
     if not due:
         return 0
     driver = driver_for(region)
-    unchanged = set() if unsettled_only else _unchanged(driver, due)
+    # A follow-up pass looks at a few starting workloads: a listing of the whole region would cost more.
+    survey = None if unsettled_only else _survey(driver)
+    unchanged = _unchanged(survey, due) if survey else set()
     acting = [target_id for target_id in due if target_id not in unchanged]
+    present = survey.present if survey else None
     with ThreadPoolExecutor(max_workers=region.reconcile_concurrency) as pool:
         for start in range(0, len(acting), RECORD_BATCH):
             claimed = _claim(acting[start : start + RECORD_BATCH])
-            work = partial(_work_in_thread, driver=driver, inputs=spec_inputs(claimed))
+            work = partial(_work_in_thread, driver=driver, inputs=spec_inputs(claimed), present=present)
             _save_all([pending for pending in pool.map(work, claimed) if pending])
     TELLING.flush()
     return len(acting)
 
 
-def _unchanged(driver: WorkloadDriver, due: list[int]) -> set[int]:
-    """The due ready targets whose workload the driver's survey shows exactly as the target records it, for
-    the spec it should run now, with no alias to follow: compare first, claim only what needs action."""
+def _survey(driver: WorkloadDriver) -> Survey | None:
     try:
-        survey = driver.survey()
+        return driver.survey()
     except DriverError as exc:
         log.warning("survey failed, every due target is observed by itself: %s", exc.message)
-        return set()
-    if not survey:
-        return set()
+        return None
+
+
+def _unchanged(survey: Survey, due: list[int]) -> set[int]:
+    """The due ready targets whose workload the driver's survey shows exactly as the target records it, for
+    the spec it should run now, with no alias to follow: compare first, claim only what needs action."""
     ready = list(
         DeploymentTarget.objects.filter(pk__in=due, status=TargetStatus.READY, attempts=0, last_error="")
         .exclude(role=TargetRole.RETIRING)
@@ -129,7 +133,7 @@ def _unchanged(driver: WorkloadDriver, due: list[int]) -> set[int]:
         target.pk
         for target in ready
         if target.deployment_id not in moved
-        and _as_recorded(target, workload_spec(target, inputs), survey.get(target_workload(target)))
+        and _as_recorded(target, workload_spec(target, inputs), survey.settled.get(target_workload(target)))
     }
 
 
@@ -165,9 +169,11 @@ def _points_elsewhere(deployment: Deployment, alias_version_id: int | None) -> b
     return alias_version_id is not None and alias_version_id != deployment.version_id
 
 
-def _work_in_thread(target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs) -> Pending | None:
+def _work_in_thread(
+    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, present: frozenset[str] | None
+) -> Pending | None:
     try:
-        return _work(target, driver, inputs)
+        return _work(target, driver, inputs, present)
     except Exception:  # one item's failure never blocks the others
         log.exception("reconcile of target %s failed unexpectedly", target.pk)
         return None
@@ -204,10 +210,16 @@ def reconcile_target(target_id: int) -> None:
         TELLING.flush()
 
 
-def _work(target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs) -> Pending:
-    """Act on the claimed target's region and say what to record (the caller records a batch together)."""
+def _work(
+    target: DeploymentTarget,
+    driver: WorkloadDriver,
+    inputs: SpecInputs,
+    present: frozenset[str] | None = None,
+) -> Pending:
+    """Act on the claimed target's region and say what to record (the caller records a batch together).
+    ``present``: the workloads the region's survey listed (None: not surveyed, look)."""
     try:
-        outcome = _converge(target, driver, inputs)
+        outcome = _converge(target, driver, inputs, present)
     except DriverError as exc:
         return _failed(target, exc)
     return _succeeded(target, outcome)
@@ -246,7 +258,9 @@ def _follow_alias(target: DeploymentTarget) -> bool:
     return True
 
 
-def _converge(target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs) -> Outcome:
+def _converge(
+    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, present: frozenset[str] | None
+) -> Outcome:
     if removed(target):
         driver.delete(target_workload(target))
         gone = driver.observe(target_workload(target)) is None
@@ -257,7 +271,8 @@ def _converge(target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInpu
     waiting = _weights_missing(target, spec)
     if waiting is not None:
         return waiting
-    observed = driver.observe(spec.name)
+    listed = present is None or spec.name in present
+    observed = driver.observe(spec.name) if listed else None
     if _differs(observed, spec):
         _note_drift(target, observed, spec)
         driver.apply(spec)

@@ -88,6 +88,15 @@ class ObservedWorkload:
     cold_starts: list[dict[str, float]] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Survey:
+    """A region's workloads from a listing or two: ``settled`` are those the driver can vouch for as
+    ``observe`` would find them (rollout complete), ``present`` names every one that exists."""
+
+    settled: dict[str, ObservedWorkload]
+    present: frozenset[str]
+
+
 class WorkloadDriver(Protocol):
     def apply(self, spec: WorkloadSpec) -> None: ...
 
@@ -97,10 +106,10 @@ class WorkloadDriver(Protocol):
 
     def render(self, spec: WorkloadSpec) -> str: ...
 
-    def survey(self) -> dict[str, ObservedWorkload] | None:
-        """Every workload of the region the driver can vouch for as settled, from a listing or two rather
-        than a look per workload: the reconciler leaves alone a target whose workload is in it exactly as
-        recorded, and observes every other one by itself. None: this driver cannot survey."""
+    def survey(self) -> Survey | None:
+        """The region's workloads from a listing or two rather than a look per workload: the reconciler
+        leaves alone a target whose workload is settled in it exactly as recorded, does not look for one
+        that is not present, and observes every other one by itself. None: this driver cannot survey."""
         ...
 
 

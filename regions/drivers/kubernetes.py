@@ -21,6 +21,7 @@ from core.errors import ValidationFailed
 from regions.drivers.base import (
     DriverError,
     ObservedWorkload,
+    Survey,
     WorkloadSpec,
     check_otlp_traces_endpoint,
     tracing_flags,
@@ -428,7 +429,8 @@ class KubernetesDriver:
             _preload_content=False,
             **APPLY_OPTIONS,
         )
-        _json(reply)
+        reply.read()  # drained, so the connection is reused
+        reply.release_conn()
 
     def _retire_scaler(self, current: dict[str, Any] | None, scaler: dict[str, Any] | None) -> None:
         """Before the Deployment is applied: a scaler the spec no longer names goes first, so it never
@@ -488,7 +490,7 @@ class KubernetesDriver:
             cold_starts(current) if ready else [],
         )
 
-    def survey(self) -> dict[str, ObservedWorkload]:
+    def survey(self) -> Survey:
         """The workloads whose rollout is complete by the Deployment's own status (kubernetes_status.
         settled_replicas), from one LIST of the platform's Deployments (and one of the exposure's objects
         outside cluster mode). A workload left out (starting, rolling, scaled in the cluster, unreachable
@@ -506,11 +508,14 @@ class KubernetesDriver:
             urls = self.cfg.exposure.endpoints(
                 self.api_client, self.cfg.namespace, MANAGED, list(settled), self.timeout
             )
-        return {
-            name: ObservedWorkload(applied, replicas, replicas, [urls[name]])
-            for name, (applied, replicas) in settled.items()
-            if urls.get(name)
-        }
+        return Survey(
+            settled={
+                name: ObservedWorkload(applied, replicas, replicas, [urls[name]])
+                for name, (applied, replicas) in settled.items()
+                if urls.get(name)
+            },
+            present=frozenset(deployment["metadata"]["name"] for deployment in listed),
+        )
 
     def _endpoint(self, name: str) -> str:
         """Where gateways call the workload: '' until the cluster reports its external address."""
