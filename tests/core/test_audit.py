@@ -336,3 +336,20 @@ def test_verify_operation_checks_and_writes_checkpoints(world, settings):
     operation_run(str(operation.pk))
     operation.refresh_from_db()
     assert not operation.result["ok"] and "signed checkpoint" in operation.result["reason"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_appended_in_order_under_one_lock_and_chains_like_single_events():
+    write_events(2)
+    entries = [audit.AuditEntry(actor=system(), action="test.batch", after={"n": n}) for n in range(5)]
+    with transaction.atomic():
+        events = audit.audit_record_many(entries)
+    write_events(1)
+    assert [e.after["n"] for e in events] == list(range(5))
+    assert [e.seq for e in events] == [3, 4, 5, 6, 7]
+    stored = list(AuditEvent.objects.order_by("seq"))
+    assert [e.seq for e in stored] == list(range(1, 9))
+    assert all(b.prev_hash == a.hash for a, b in pairwise(stored))
+    assert AuditChainHead.objects.get(pk=1).seq == 8
+    assert verify_chain().ok
+    assert audit.audit_record_many([]) == []

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from kubernetes import client
 
-from regions.models import DeploymentTarget, GpuPool
+from regions.models import Deployment, DeploymentTarget, GpuPool
 from regions.reconciler import reconcile_region
 from regions.services.deployments import deployment_create
 from regions.workloads import target_workload
@@ -23,6 +23,7 @@ from tests.support.rollouts import next_version
 pytestmark = pytest.mark.django_db(transaction=True)
 LIST = "/apis/apps/v1/namespaces/llm/deployments?labelSelector=app.kubernetes.io/managed-by%3Dcontrolplane"
 WRITES = ("INSERT", "UPDATE", "DELETE")
+DEPLOYMENTS = "/apis/apps/v1/namespaces/llm/deployments"
 
 
 @pytest.fixture
@@ -137,3 +138,45 @@ def test_a_moved_alias_is_followed_by_the_pass(fleet, world, tiny_model_dir):
     assert follows.version == newer
     stored = kube.state.objects[("deployments", "llm", _name(follows))]
     assert stored["metadata"]["labels"]["controlplane.io/version"] == "1.1.0"
+
+
+def test_a_pass_records_its_batch_together_and_looks_for_no_workload_the_listing_lacks(
+    world, tmp_path, tiny_model_dir
+):
+    """New targets: no GET for a workload the survey did not list, one status event and one audit event per
+    change (the chain intact), and the status listeners told once for the whole batch."""
+    from core.models import AuditEvent
+    from core.services.audit import verify_chain
+    from regions import hooks
+    from regions.models import DeploymentEvent
+
+    told: list[list[hooks.StatusChange]] = []
+    hooks.STATUS_LISTENERS.append(told.append)
+    try:
+        with KubeApiServer() as kube:
+            region = kubernetes_region(principal(world.operator), kube.kubeconfig(), tmp_path)
+            version = tiny_version(principal(world.operator), tiny_model_dir)
+            for n in range(3):
+                deployment_create(
+                    actor=principal(world.alice),
+                    owner=world.tenant_a,
+                    name=f"new-{n}",
+                    model=version.model,
+                    version="1.0.0",
+                )
+            audited = AuditEvent.objects.filter(action="deployment.status_changed").count()
+            kube.state.requests.clear()
+            assert reconcile_region(region.pk) == 3
+            workloads = {_name(d) for d in Deployment.objects.filter(name__startswith="new-")}
+            for name in workloads:
+                mine = [m for m, path in kube.state.requests if path.startswith(f"{DEPLOYMENTS}/{name}")]
+                # The listing said absent: no look before applying, only the apply's own read of the object
+                # it may hand replicas over from (before this change: two GETs).
+                assert mine[: mine.index("PATCH")] == ["GET"], name
+    finally:
+        hooks.STATUS_LISTENERS.remove(told.append)
+    assert set(DeploymentTarget.objects.values_list("status", flat=True)) == {"ready"}
+    assert DeploymentEvent.objects.filter(kind="status").count() == 3
+    assert AuditEvent.objects.filter(action="deployment.status_changed").count() == audited + 3
+    assert verify_chain().ok
+    assert len(told) == 1 and {(c.before, c.after) for c in told[0]} == {("pending", "ready")}
