@@ -1,4 +1,4 @@
-"""python -m gateway [--host 127.0.0.1] [--port 8080] [--workers 1]"""
+"""python -m gateway [--host 127.0.0.1] [--port 8080] [--workers 1] [--entry]"""
 
 import argparse
 import logging
@@ -12,10 +12,15 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--entry",
+        action="store_true",
+        help="run the global entry in front of regional gateways (GATEWAY_ENTRY_REGIONS), not a gateway",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s gateway %(levelname)s %(message)s")
     uvicorn.run(
-        "gateway.app:app",
+        "gateway.entry:app" if args.entry else "gateway.app:app",
         host=args.host,
         port=args.port,
         workers=args.workers,

@@ -23,6 +23,7 @@ from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import (
+    METHODS,
     Refused,
     bearer_digest,
     client_request_id,
@@ -43,8 +44,6 @@ from gateway.tracing import finish as finish_span
 from gateway.usage import UsageShipper
 
 log = logging.getLogger("gateway")
-PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
-METHODS = {"/v1/models": "GET", **dict.fromkeys(PROXIED, "POST")}  # every path the gateway answers
 HOP_BY_HOP = {
     "connection",
     "keep-alive",

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 
 from gateway import contract
+from gateway.topology import parse_entry_regions, parse_regions, regional
 
 log = logging.getLogger("gateway")
 
@@ -53,6 +54,10 @@ class Settings:
     # '' caches nothing. Cached prompts and answers live in the store of the jurisdiction that served them.
     response_cache_stores: str = ""
     response_cache_max_bytes: int = 2**20  # a larger answer is not cached
+    # A regional gateway serves only these regions' engines (gateway/topology.py); empty: every region.
+    regions: frozenset[str] = frozenset()
+    # A global entry's regional gateways, region code → URL (``python -m gateway --entry``).
+    entry_regions: dict[str, str] = field(default_factory=dict)
 
     def usage_dir(self) -> Path:
         if self.state_dir is not None:
@@ -97,6 +102,8 @@ class Settings:
             redis_retry_seconds=float(os.environ.get("GATEWAY_REDIS_RETRY_SECONDS", "5")),
             response_cache_stores=os.environ.get("GATEWAY_RESPONSE_CACHE_STORES", ""),
             response_cache_max_bytes=int(os.environ.get("GATEWAY_RESPONSE_CACHE_MAX_BYTES", str(2**20))),
+            regions=parse_regions(os.environ.get("GATEWAY_REGIONS", "")),
+            entry_regions=parse_entry_regions(os.environ.get("GATEWAY_ENTRY_REGIONS", "")),
         )
 
 
@@ -120,7 +127,7 @@ class RouteCache:
 
     def install(self, body: contract.RouteTable, etag: str, generation: int) -> None:
         """Make this table the one requests are routed by, and wake whoever waits for a new one."""
-        self.body, self.etag, self.generation = body, etag, generation
+        self.body, self.etag, self.generation = regional(body, self.settings.regions), etag, generation
         self._changed.set()
         self._changed = asyncio.Event()
 

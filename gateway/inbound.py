@@ -7,6 +7,8 @@ from typing import Any
 
 from gateway import contract
 
+PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+METHODS = {"/v1/models": "GET", **dict.fromkeys(PROXIED, "POST")}  # every path a gateway answers
 PREVIEW_HEADER = "x-rollout-track"
 TRACKS = (contract.STABLE, contract.CANDIDATE)
 LONGEST_SESSION_KEY = 256  # longer keys are cut: two sessions alike that far only share a revision

@@ -22,8 +22,9 @@ LOCATIONS = {"eu-west-1": (53.3, -6.3), "eu-central-1": (50.1, 8.7), "us-east-1"
 
 
 class Gateway:
-    def __init__(self, control_plane: str, token: str, cache: Path, log: Path, **settings: str):
-        """``settings``: more of the gateway's environment (GATEWAY_HOLD_TIMEOUT_SECONDS="3", ...)."""
+    def __init__(self, control_plane: str, token: str, cache: Path, log: Path, *args: str, **settings: str):
+        """``args``: more of its command line (``--entry``); ``settings``: more of its environment
+        (GATEWAY_HOLD_TIMEOUT_SECONDS="3", ...)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = child_env(
@@ -34,7 +35,7 @@ class Gateway:
             **settings,
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "--port", str(self.port)],
+            [sys.executable, "-m", "gateway", "--port", str(self.port), *args],
             env=env,
             stdout=log.open("a"),
             stderr=subprocess.STDOUT,
