@@ -46,6 +46,9 @@ SETTLED = (TargetStatus.READY, TargetStatus.PAUSED)
 MAX_BACKOFF_SECONDS = 300
 # Outcomes recorded together: one transaction, one acquisition of the audit chain's lock, one republish.
 RECORD_BATCH = 100
+# A follow-up pass due for at least 1/SURVEY_SHARE of the region's targets surveys it (three listings)
+# instead of looking at each (two requests apiece).
+SURVEY_SHARE = 10
 TELL_EVERY = timedelta(seconds=1)
 SYSTEM = Principal.system("reconciler", source=AuditSource.TASK)
 
@@ -72,7 +75,8 @@ class Pending:
     gpus: int | None = None  # the GPUs its replicas hold, when the region answered
 
 
-def due_targets(region: Region, unsettled_only: bool = False) -> list[int]:
+def due_targets(region: Region, unsettled_only: bool = False) -> dict[int, str]:
+    """The targets due for a reconcile and not leased by another reconciler: id → status, oldest due first."""
     now = timezone.now()
     due = (
         DeploymentTarget.objects.filter(region=region, next_attempt_at__lte=now)
@@ -81,7 +85,7 @@ def due_targets(region: Region, unsettled_only: bool = False) -> list[int]:
     )
     if unsettled_only:
         due = due.exclude(status__in=SETTLED)
-    return list(due.order_by("next_attempt_at").values_list("pk", flat=True))
+    return dict(due.order_by("next_attempt_at").values_list("pk", "status"))
 
 
 def reconcile_region(region_id: int, unsettled_only: bool = False) -> int:
@@ -95,33 +99,45 @@ def reconcile_region(region_id: int, unsettled_only: bool = False) -> int:
     if not due:
         return 0
     driver = driver_for(region)
-    # A follow-up pass looks at a few starting workloads: a listing of the whole region would cost more.
-    survey = None if unsettled_only else _survey(driver)
+    survey = _survey(driver, region, due, unsettled_only)
     unchanged = _unchanged(survey, due) if survey else set()
     acting = [target_id for target_id in due if target_id not in unchanged]
-    present = survey.present if survey else None
     with ThreadPoolExecutor(max_workers=region.reconcile_concurrency) as pool:
         for start in range(0, len(acting), RECORD_BATCH):
             claimed = _claim(acting[start : start + RECORD_BATCH])
-            work = partial(_work_in_thread, driver=driver, inputs=spec_inputs(claimed), present=present)
+            work = partial(_work_in_thread, driver=driver, inputs=spec_inputs(claimed), survey=survey)
             _save_all([pending for pending in pool.map(work, claimed) if pending])
     TELLING.flush()
     return len(acting)
 
 
-def _survey(driver: WorkloadDriver) -> Survey | None:
+def _survey(
+    driver: WorkloadDriver, region: Region, due: dict[int, str], unsettled_only: bool
+) -> Survey | None:
+    """The region's workloads from a few listings, with their pods when engines are starting among the
+    due targets. A follow-up pass (four times a second while engines start) surveys only when it is due
+    for a tenth of the region's targets or more: for a few, a look at each costs less than listing the
+    whole region."""
+    if unsettled_only and len(due) * SURVEY_SHARE < max(
+        SURVEY_SHARE,
+        DeploymentTarget.objects.filter(region=region).exclude(status=TargetStatus.DELETED).count(),
+    ):
+        return None
+    starting = unsettled_only or any(status not in SETTLED for status in due.values())
     try:
-        return driver.survey()
+        return driver.survey(starting)
     except DriverError as exc:
         log.warning("survey failed, every due target is observed by itself: %s", exc.message)
         return None
 
 
-def _unchanged(survey: Survey, due: list[int]) -> set[int]:
+def _unchanged(survey: Survey, due: dict[int, str]) -> set[int]:
     """The due ready targets whose workload the driver's survey shows exactly as the target records it, for
     the spec it should run now, with no alias to follow: compare first, claim only what needs action."""
     ready = list(
-        DeploymentTarget.objects.filter(pk__in=due, status=TargetStatus.READY, attempts=0, last_error="")
+        DeploymentTarget.objects.filter(
+            pk__in=list(due), status=TargetStatus.READY, attempts=0, last_error=""
+        )
         .exclude(role=TargetRole.RETIRING)
         .select_related("deployment__owner", "region")
         # Thousands of targets share a few models and versions (large JSON columns): read each once.
@@ -170,10 +186,10 @@ def _points_elsewhere(deployment: Deployment, alias_version_id: int | None) -> b
 
 
 def _work_in_thread(
-    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, present: frozenset[str] | None
+    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, survey: Survey | None
 ) -> Pending | None:
     try:
-        return _work(target, driver, inputs, present)
+        return _work(target, driver, inputs, survey)
     except Exception:  # one item's failure never blocks the others
         log.exception("reconcile of target %s failed unexpectedly", target.pk)
         return None
@@ -214,12 +230,12 @@ def _work(
     target: DeploymentTarget,
     driver: WorkloadDriver,
     inputs: SpecInputs,
-    present: frozenset[str] | None = None,
+    survey: Survey | None = None,
 ) -> Pending:
     """Act on the claimed target's region and say what to record (the caller records a batch together).
-    ``present``: the workloads the region's survey listed (None: not surveyed, look)."""
+    ``survey``: the region's, taken at the start of the pass (None: look at the workload itself)."""
     try:
-        outcome = _converge(target, driver, inputs, present)
+        outcome = _converge(target, driver, inputs, survey)
     except DriverError as exc:
         return _failed(target, exc)
     return _succeeded(target, outcome)
@@ -259,7 +275,7 @@ def _follow_alias(target: DeploymentTarget) -> bool:
 
 
 def _converge(
-    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, present: frozenset[str] | None
+    target: DeploymentTarget, driver: WorkloadDriver, inputs: SpecInputs, survey: Survey | None
 ) -> Outcome:
     if removed(target):
         driver.delete(target_workload(target))
@@ -271,13 +287,25 @@ def _converge(
     waiting = _weights_missing(target, spec)
     if waiting is not None:
         return waiting
-    listed = present is None or spec.name in present
-    observed = driver.observe(spec.name) if listed else None
+    observed = _look(driver, spec.name, survey)
     if _differs(observed, spec):
         _note_drift(target, observed, spec)
-        driver.apply(spec)
+        created = observed is None and survey is not None  # the listing had none: nothing to read first
+        driver.apply(spec, absent=created)
+        if created:  # it is starting: the next pass's survey (a follow-up comes soon) sees it come up
+            return _outcome(target, spec, None)
         observed = driver.observe(spec.name)
     return _outcome(target, spec, observed)
+
+
+def _look(driver: WorkloadDriver, name: str, survey: Survey | None) -> ObservedWorkload | None:
+    """The workload as it is now: from the pass's survey when it observed it or did not list it at all,
+    else by looking at it."""
+    if survey is not None and name in survey.observed:
+        return survey.observed[name]
+    if survey is not None and name not in survey.present:
+        return None
+    return driver.observe(name)
 
 
 def _weights_missing(target: DeploymentTarget, spec: WorkloadSpec) -> Outcome | None:
@@ -489,6 +517,7 @@ class Telling:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.lock = threading.Lock()
+        self.telling = threading.Lock()
         self.held: list[hooks.StatusChange] = []
         self.told_at: float | None = None
         self.every = TELL_EVERY.total_seconds()
@@ -498,20 +527,27 @@ class Telling:
             self.held += changes
             due = self.told_at is None or self.clock() - self.told_at >= self.every
         if due:
-            self.flush()
+            self.flush(wait=False)
 
-    def flush(self) -> None:
-        with self.lock:
-            changes, self.held = self.held, []
-        if not changes:
+    def flush(self, wait: bool = True) -> None:
+        """Tell what is held. One telling at a time: without ``wait``, while another runs, what is held
+        goes with the next one."""
+        if not self.telling.acquire(blocking=wait):
             return
-        started = self.clock()
-        for listener in hooks.STATUS_LISTENERS:
-            listener(changes)
-        with self.lock:
-            self.told_at = self.clock()
-            # Listeners slow at fleet size (a table over 5,000 targets) take at most a tenth of the time.
-            self.every = max(TELL_EVERY.total_seconds(), 10 * (self.told_at - started))
+        try:
+            with self.lock:
+                changes, self.held = self.held, []
+            if not changes:
+                return
+            started = self.clock()
+            for listener in hooks.STATUS_LISTENERS:
+                listener(changes)
+            with self.lock:
+                self.told_at = self.clock()
+                # Listeners slow at fleet size (a table over 5,000 targets) take at most a tenth of the time.
+                self.every = max(TELL_EVERY.total_seconds(), 10 * (self.told_at - started))
+        finally:
+            self.telling.release()
 
 
 TELLING = Telling()

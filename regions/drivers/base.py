@@ -90,15 +90,21 @@ class ObservedWorkload:
 
 @dataclass(frozen=True)
 class Survey:
-    """A region's workloads from a listing or two: ``settled`` are those the driver can vouch for as
-    ``observe`` would find them (rollout complete), ``present`` names every one that exists."""
+    """A region's workloads from a few listings. ``settled``: those whose rollout is complete, as far as a
+    comparison with the record needs (no cold starts); ``observed``: when the survey listed pods too, every
+    workload it can vouch for exactly as ``observe`` would find it; ``present`` names every one that
+    exists."""
 
     settled: dict[str, ObservedWorkload]
     present: frozenset[str]
+    observed: dict[str, ObservedWorkload] = field(default_factory=dict)
 
 
 class WorkloadDriver(Protocol):
-    def apply(self, spec: WorkloadSpec) -> None: ...
+    def apply(self, spec: WorkloadSpec, absent: bool = False) -> None:
+        """Create or update the workload. ``absent``: the caller just saw none (a survey), so there is no
+        current one to read first."""
+        ...
 
     def observe(self, name: str) -> ObservedWorkload | None: ...
 
@@ -106,10 +112,11 @@ class WorkloadDriver(Protocol):
 
     def render(self, spec: WorkloadSpec) -> str: ...
 
-    def survey(self) -> Survey | None:
-        """The region's workloads from a listing or two rather than a look per workload: the reconciler
+    def survey(self, starting: bool = False) -> Survey | None:
+        """The region's workloads from a few listings rather than a look per workload: the reconciler
         leaves alone a target whose workload is settled in it exactly as recorded, does not look for one
-        that is not present, and observes every other one by itself. None: this driver cannot survey."""
+        that is not present, and observes every other one by itself, unless ``starting`` (engines are
+        coming up) had the survey observe them all. None: this driver cannot survey."""
         ...
 
 

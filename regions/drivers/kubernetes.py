@@ -395,11 +395,11 @@ class KubernetesDriver:
         manifests += [m for m in (route, scaler) if m]
         return yaml.safe_dump_all(manifests, sort_keys=False)
 
-    def apply(self, spec: WorkloadSpec) -> None:
+    def apply(self, spec: WorkloadSpec, absent: bool = False) -> None:
         deployment, service = render_manifests(spec, self.cfg)
         scaler = scaler_manifest(spec, self.cfg.namespace, _labels(spec))
         with _errors("apply"):
-            current = self._read(spec.name)
+            current = None if absent else self._read(spec.name)
             self._retire_scaler(current, scaler)
             key = workload_api_key(spec)
             if key:  # before the Deployment: its pods read it as they start
@@ -469,14 +469,21 @@ class KubernetesDriver:
             found = self._read(name)
             if found is None:
                 return None
-            current = current_pods(found, self._pods(name))
+            pods = current_pods(found, self._pods(name))
             applied = self._applied_hash(found)
-            ready = ready_replicas(found, current)
-            endpoint = self._endpoint(name) if ready else ""
+            endpoint = self._endpoint(name) if ready_replicas(found, pods) else ""
+        return self._observed(found, pods, applied, endpoint)
+
+    def _observed(
+        self, found: dict[str, Any], pods: list[dict[str, Any]], applied: str, endpoint: str
+    ) -> ObservedWorkload:
+        """What a workload is, from its Deployment, the pods of its current spec and its endpoint."""
+        ready = ready_replicas(found, pods)
+        endpoint = endpoint if ready else ""
         replicas = dig(found, "spec", "replicas") or 0  # as the cluster has them, whoever sized it
         problem, permanent = ("", False)
         if ready < replicas:
-            problem, permanent = first_problem(current)
+            problem, permanent = first_problem(pods)
         if ready and not endpoint:
             problem = problem or self.cfg.exposure.waiting_for()
         return ObservedWorkload(
@@ -487,14 +494,14 @@ class KubernetesDriver:
             False,
             problem or stalled(found),
             permanent,
-            cold_starts(current) if ready else [],
+            cold_starts(pods) if ready else [],
         )
 
-    def survey(self) -> Survey:
-        """The workloads whose rollout is complete by the Deployment's own status (kubernetes_status.
-        settled_replicas), from one LIST of the platform's Deployments (and one of the exposure's objects
-        outside cluster mode). A workload left out (starting, rolling, scaled in the cluster, unreachable
-        yet) is observed by itself, pods and all."""
+    def survey(self, starting: bool = False) -> Survey:
+        """From one LIST of the platform's Deployments (and one of the exposure's objects outside cluster
+        mode): the workloads whose rollout is complete by the Deployment's own status (kubernetes_status.
+        settled_replicas). ``starting``: one LIST of their pods too, and every workload observed from
+        the listings, except those an in-cluster scaler sizes (their scaler is read by ``observe``)."""
         with _errors("list"):
             listed = _json(
                 self.apps.list_namespaced_deployment(
@@ -505,8 +512,18 @@ class KubernetesDriver:
                 )
             )["items"]
             settled = _settled(listed)
+            own = [d for d in listed if not scaler_of(d)] if starting else []
+            pods = self._pods_by_workload() if starting else {}
+            names = set(settled) | {d["metadata"]["name"] for d in own}
             urls = self.cfg.exposure.endpoints(
-                self.api_client, self.cfg.namespace, MANAGED, list(settled), self.timeout
+                self.api_client, self.cfg.namespace, MANAGED, sorted(names), self.timeout
+            )
+        observed = {}
+        for found in own:
+            name = found["metadata"]["name"]
+            applied = str(annotations(found).get(SPEC_HASH_ANNOTATION, ""))
+            observed[name] = self._observed(
+                found, current_pods(found, pods.get(name, [])), applied, urls[name]
             )
         return Survey(
             settled={
@@ -515,7 +532,18 @@ class KubernetesDriver:
                 if urls.get(name)
             },
             present=frozenset(deployment["metadata"]["name"] for deployment in listed),
+            observed=observed,
         )
+
+    def _pods_by_workload(self) -> dict[str, list[dict[str, Any]]]:
+        reply = self.core.list_namespaced_pod(
+            self.cfg.namespace, label_selector=MANAGED, _request_timeout=self.timeout, _preload_content=False
+        )
+        found: dict[str, list[dict[str, Any]]] = {}
+        for pod in _json(reply)["items"]:
+            instance = (dig(pod, "metadata", "labels") or {}).get("app.kubernetes.io/instance", "")
+            found.setdefault(instance, []).append(pod)
+        return found
 
     def _endpoint(self, name: str) -> str:
         """Where gateways call the workload: '' until the cluster reports its external address."""

@@ -135,7 +135,7 @@ class ProcessDriver:
 
     # --- the interface ----------------------------------------------------------------------------
 
-    def apply(self, spec: WorkloadSpec) -> None:
+    def apply(self, spec: WorkloadSpec, absent: bool = False) -> None:
         folder = self.root / spec.name
         folder.mkdir(parents=True, exist_ok=True)
         scheduled = time.time()
@@ -152,7 +152,7 @@ class ProcessDriver:
                 self._stop(json.loads(extra.read_text()))
                 extra.unlink()
 
-    def survey(self) -> None:
+    def survey(self, starting: bool = False) -> None:
         """Whether a host's engine answers is only known by asking it: every target is observed."""
         return None
 

@@ -99,7 +99,8 @@ def _pool_relabelled(kube, deployment) -> None:  # type: ignore[no-untyped-def]
     ("change", "expect"),
     [
         (_scale_outside, lambda stored, target: stored["spec"]["replicas"] == 1),
-        (_delete_outside, lambda stored, target: stored is not None and target.status == "ready"),
+        # Re-created: it is starting (its engines are new) until the next pass's survey sees it up.
+        (_delete_outside, lambda stored, target: stored is not None and target.status == "provisioning"),
         (_replica_dies, lambda stored, target: target.status == "degraded" and target.ready_replicas == 0),
         (
             _pool_relabelled,
@@ -140,11 +141,12 @@ def test_a_moved_alias_is_followed_by_the_pass(fleet, world, tiny_model_dir):
     assert stored["metadata"]["labels"]["controlplane.io/version"] == "1.1.0"
 
 
-def test_a_pass_records_its_batch_together_and_looks_for_no_workload_the_listing_lacks(
+def test_passes_record_their_batch_together_and_observe_starting_engines_from_listings(
     world, tmp_path, tiny_model_dir
 ):
-    """New targets: no GET for a workload the survey did not list, one status event and one audit event per
-    change (the chain intact), and the status listeners told once for the whole batch."""
+    """New targets: no GET for a workload the survey did not list, the starting engines observed from two
+    listings, one status event and one audit event per change (the chain intact), and the status
+    listeners told once per pass's batch."""
     from core.models import AuditEvent
     from core.services.audit import verify_chain
     from regions import hooks
@@ -170,13 +172,23 @@ def test_a_pass_records_its_batch_together_and_looks_for_no_workload_the_listing
             workloads = {_name(d) for d in Deployment.objects.filter(name__startswith="new-")}
             for name in workloads:
                 mine = [m for m, path in kube.state.requests if path.startswith(f"{DEPLOYMENTS}/{name}")]
-                # The listing said absent: no look before applying, only the apply's own read of the object
-                # it may hand replicas over from (before this change: two GETs).
-                assert mine[: mine.index("PATCH")] == ["GET"], name
+                # The listing said absent: applied without a look (before this change: two GETs first),
+                # and not looked at right after (just created, it is starting).
+                assert "GET" not in mine, name
+            assert set(DeploymentTarget.objects.values_list("status", flat=True)) == {"provisioning"}
+            all_due()
+            kube.state.requests.clear()
+            assert reconcile_region(region.pk) == 3
+            # Engines starting: one listing of the Deployments and one of their pods, no look at each.
+            assert [m for m, _ in kube.state.requests] == ["GET", "GET"]
     finally:
         hooks.STATUS_LISTENERS.remove(told.append)
     assert set(DeploymentTarget.objects.values_list("status", flat=True)) == {"ready"}
-    assert DeploymentEvent.objects.filter(kind="status").count() == 3
-    assert AuditEvent.objects.filter(action="deployment.status_changed").count() == audited + 3
+    assert all(t.cold_starts for t in DeploymentTarget.objects.all())  # from the listed pods
+    assert DeploymentEvent.objects.filter(kind="status").count() == 6
+    assert AuditEvent.objects.filter(action="deployment.status_changed").count() == audited + 6
     assert verify_chain().ok
-    assert len(told) == 1 and {(c.before, c.after) for c in told[0]} == {("pending", "ready")}
+    assert [{(c.before, c.after) for c in batch} for batch in told] == [
+        {("pending", "provisioning")},
+        {("provisioning", "ready")},
+    ]
