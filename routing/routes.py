@@ -61,6 +61,9 @@ class Placement:
     owner: Residency | None = None  # the version's owning tenant; None for a platform catalog version
     shared: bool = False  # a platform deployment serving every tenant: gateways salt its prefix cache
     track: str = contract.STABLE  # which revision: the stable one or a rollout's candidate beside it
+    # The region is draining: it serves, in a tier after every active region, until its replicas are
+    # re-placed and retire (capacity first, then drain), and takes no wake-ups.
+    draining: bool = False
     traffic_percent: int = 0  # a candidate's share of the region's requests
     mirror_percent: int = 0  # the share of the region's requests copied to a candidate (shadow)
     activatable: bool = False  # at zero replicas because idle (not paused by hand): a request wakes it
@@ -121,8 +124,8 @@ def _why_not(policy: TenantPolicy, placement: Placement) -> str:
     refusal = _refusal(policy, placement)
     if refusal is not None:
         return f"{placement.region}: {refusal}"
-    if not placement.region_active:
-        return f"{placement.region} is draining or disabled"
+    if not placement.region_active and not placement.draining:
+        return f"{placement.region} is disabled"
     if not placement.ready and placement.activatable and placement.weights_verified:
         return f"{placement.region} is at zero replicas and wakes on a request"
     if not placement.ready:
@@ -166,6 +169,7 @@ def route(policy: TenantPolicy, placements: Iterable[Placement]) -> contract.Rou
     mine = sorted(
         placements,
         key=lambda p: (
+            p.draining,  # a draining region last: it serves only while no active region can
             distance_km(policy.home, p.location),
             p.gpu_hour_price or Decimal(0),
             p.region,

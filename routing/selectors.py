@@ -61,7 +61,9 @@ def routing_events(principal: Principal) -> QuerySet[RoutingEvent]:
 def what_if(principal: Principal, region_code: str) -> list[dict[str, Any]]:
     """If ``region_code`` failed: which tenants' models would lose service, and which would lose capacity."""
     tenants, served = policies(), placements()
-    failed = [p if p.region != region_code else replace(p, region_active=False) for p in served]
+    failed = [
+        p if p.region != region_code else replace(p, region_active=False, draining=False) for p in served
+    ]
     before = tenants_view(principal, route_table(tenants, served))
     after = tenants_view(principal, route_table(tenants, failed))
     impact = []
@@ -225,6 +227,7 @@ def placements(now: datetime | None = None) -> list[Placement]:
                 region=region.code,
                 jurisdiction=region.jurisdiction,
                 region_active=region.status == RegionStatus.ACTIVE,
+                draining=region.status == RegionStatus.DRAINING,
                 ready=target.status in (TargetStatus.READY, TargetStatus.DEGRADED) and bool(endpoints),
                 weights_verified=not region.object_store or (version.pk, region.pk) in verified,
                 endpoints=endpoints,

@@ -51,11 +51,15 @@ def ready_everywhere(deployment, but: str = "") -> None:  # type: ignore[no-unty
     wait_for(ready, timeout=60, interval=0.3)
 
 
-def routed_regions() -> set[str]:
+def routed_regions(first_tier: bool = False) -> set[str]:
+    """The regions acme's route may send to; ``first_tier``: where its requests go while everything is
+    healthy."""
     routing.publish()
     table = routing_selectors.current()
     assert table is not None
-    return {e["region"] for e in table.body["tenants"]["acme"]["models"]["chat"]["endpoints"]}
+    endpoints = table.body["tenants"]["acme"]["models"]["chat"]["endpoints"]
+    first = min((e["priority"] for e in endpoints), default=0)
+    return {e["region"] for e in endpoints if not first_tier or e["priority"] == first}
 
 
 def followed(deployment) -> list[dict]:  # type: ignore[no-untyped-def]
@@ -83,9 +87,10 @@ def test_a_draining_regions_replicas_serve_elsewhere_before_it_retires(world, ma
     ready_everywhere(chat)
     region_set_status(actor=principal(world.operator), region=central, status="draining")
     # Capacity first: eu-west-1 takes eu-central-1's replica, and eu-central-1's engine keeps running until
-    # it serves there (requests leave a draining region at once: that is what draining asks of routing).
+    # it serves there; requests go to the active region first, the draining one only when it cannot.
     assert serving(chat) == {"eu-west-1": 2, "eu-central-1": 1}
-    assert routed_regions() == {"eu-west-1"}
+    assert routed_regions(first_tier=True) == {"eu-west-1"}
+    assert routed_regions() == {"eu-west-1", "eu-central-1"}  # the draining one as the last resort
     placements_follow("periodic evaluation")  # the replacement is not ready yet: nothing retires
     assert serving(chat) == {"eu-west-1": 2, "eu-central-1": 1}
     assert DeploymentTarget.objects.get(deployment=chat, region=central).status == "ready"
@@ -109,6 +114,7 @@ def test_a_drain_with_nowhere_to_go_keeps_serving_until_a_region_joins(world, ma
     ready_everywhere(chat)
     region_set_status(actor=principal(world.operator), region=west, status="draining")
     assert serving(chat) == {"eu-west-1": 1}
+    assert routed_regions() == {"eu-west-1"}  # draining, and still serving: there is nowhere else
     assert DeploymentEvent.objects.filter(deployment=chat, message__contains="no compliant region has room")
     make_region("eu-north-1", "EU")
     assert serving(chat) == {"eu-west-1": 1, "eu-north-1": 1}

@@ -24,13 +24,22 @@ def test_an_endpoint_is_routed_only_inside_residency_and_only_when_it_can_serve(
                 placement = where[(tenant.slug, endpoint["region"])]
                 assert placement.jurisdiction in tenant.residency
                 assert placement.jurisdiction in placement.allowed_jurisdictions
-                assert placement.region_active and placement.ready and placement.weights_verified
+                assert (placement.region_active or placement.draining) and placement.ready
+                assert placement.weights_verified
                 assert any(e.url == endpoint["url"] and e.healthy for e in placement.endpoints)
                 assert 1 <= endpoint["weight"] <= 100
             if not entry["endpoints"]:
                 assert "data residency" in entry["unavailable"]  # a 503 that names the constraint
             priorities = [e["priority"] for e in entry["endpoints"]]
             assert priorities == sorted(priorities)
+            # A draining region serves only in a tier after every active region's (capacity first).
+            draining = [
+                e["priority"] for e in entry["endpoints"] if where[(tenant.slug, e["region"])].draining
+            ]
+            active = [
+                e["priority"] for e in entry["endpoints"] if where[(tenant.slug, e["region"])].region_active
+            ]
+            assert not draining or not active or min(draining) > max(active)
 
 
 def _may_wake(tenant: TenantPolicy, placement: Placement) -> bool:
