@@ -10,7 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from kubernetes import client
 
-from regions.models import Deployment, DeploymentTarget, GpuPool
+from core.models import AuditEvent
+from core.services.audit import verify_chain
+from regions import hooks
+from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
 from regions.reconciler import reconcile_region
 from regions.services.deployments import deployment_create
 from regions.workloads import target_workload
@@ -147,10 +150,6 @@ def test_passes_record_their_batch_together_and_observe_starting_engines_from_li
     """New targets: no GET for a workload the survey did not list, the starting engines observed from two
     listings, one status event and one audit event per change (the chain intact), and the status
     listeners told once per pass's batch."""
-    from core.models import AuditEvent
-    from core.services.audit import verify_chain
-    from regions import hooks
-    from regions.models import DeploymentEvent
 
     told: list[list[hooks.StatusChange]] = []
     hooks.STATUS_LISTENERS.append(told.append)
