@@ -16,6 +16,7 @@ import aiohttp
 
 from gateway import contract
 from gateway.admission import request_priority
+from gateway.asgi import App, caller
 from gateway.balancer import engine_headers, mirror_target, track_of
 from gateway.breakers import RetryBudget
 from gateway.config import RouteCache, Settings
@@ -23,7 +24,6 @@ from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import (
-    METHODS,
     Refused,
     bearer_digest,
     client_request_id,
@@ -59,7 +59,7 @@ class Upstream5xx(Exception):
     pass
 
 
-class Gateway:
+class Gateway(App):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.routes = RouteCache(settings)
@@ -125,21 +125,6 @@ class Gateway:
         await self.cache.close()
         self.tracing.shutdown()  # the spans still batched go out
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await self.start()
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await self.stop()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] != "http":
-            return
-        await self.handle(scope, receive, send)
-
     # --- requests --------------------------------------------------------------------------------------
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
@@ -172,31 +157,16 @@ class Gateway:
                     "forbidden",
                 )
             return await reply.text(200, self._metrics_text())
-        # Which paths exist is no secret: unknown paths are 404 and wrong methods 405, before the token.
-        allowed = METHODS.get(path)
-        if allowed is None:
-            return await reply.error(404, f"No route for {method} {path}.", "not_found")
-        if method != allowed:
-            return await reply.error(
-                405, f"{path} takes {allowed}, not {method}.", "method_not_allowed", {"allow": allowed}
-            )
-        if not self.routes.body:
-            return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
-        digest = bearer_digest(headers)
-        tenant = self.routes.tenant_of(digest, headers.get("openai-organization")) if digest else None
-        if tenant is None:
-            return await reply.error(
-                401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
-            )
+        called = await caller(reply, self.routes, path, method, headers)
+        if called is None:
+            return
+        tenant, digest = called
         view = self.routes.view(tenant)
-        if path == "/v1/models":
-            models = [{"id": name, "object": "model", "owned_by": tenant} for name in view["models"]]
-            return await reply.json(200, {"object": "list", "data": models})
         try:
             body = await read_body(receive, headers, self.settings.max_body_bytes)
             payload = parse_payload(body, self.settings.max_json_depth)
             preview = preview_track(headers)
-            priority = request_priority(headers, self.routes.priority_of(digest or ""))
+            priority = request_priority(headers, self.routes.priority_of(digest))
         except Refused as bad:
             return await reply.error(bad.status, bad.message, bad.code)
         name = payload["model"]

@@ -8,8 +8,9 @@ from typing import Any
 
 import aiohttp
 
+from gateway.asgi import App, caller
 from gateway.config import RouteCache, Settings
-from gateway.inbound import METHODS, Refused, bearer_digest, parse_payload, read_body
+from gateway.inbound import Refused, parse_payload, read_body
 from gateway.reply import Reply
 from gateway.topology import serving_regions
 
@@ -33,7 +34,7 @@ HOP_BY_HOP = frozenset(
 NOT_SERVED = frozenset({502, 503, 504})
 
 
-class Entry:
+class Entry(App):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.routes = RouteCache(settings)
@@ -60,20 +61,6 @@ class Entry:
         if self.session is not None:
             await self.session.close()
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    await self.start()
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await self.stop()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["type"] == "http":
-            await self.handle(scope, receive, send)
-
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         reply = Reply(send, uuid.uuid4().hex)
@@ -89,25 +76,10 @@ class Entry:
                 "forwarded": self.forwarded,
             }
             return await reply.json(200 if ready else 503, status)
-        allowed = METHODS.get(path)
-        if allowed is None:
-            return await reply.error(404, f"No route for {method} {path}.", "not_found")
-        if method != allowed:
-            return await reply.error(
-                405, f"{path} takes {allowed}, not {method}.", "method_not_allowed", {"allow": allowed}
-            )
-        if not self.routes.body:
-            return await reply.error(503, "The gateway has no route table yet.", "no_route_table")
-        digest = bearer_digest(headers)
-        tenant = self.routes.tenant_of(digest, headers.get("openai-organization")) if digest else None
-        if tenant is None:
-            return await reply.error(
-                401, "A valid API token is required (Authorization: Bearer …).", "invalid_api_key"
-            )
-        view = self.routes.view(tenant)
-        if path == "/v1/models":
-            models = [{"id": name, "object": "model", "owned_by": tenant} for name in view["models"]]
-            return await reply.json(200, {"object": "list", "data": models})
+        called = await caller(reply, self.routes, path, method, headers)
+        if called is None:
+            return
+        view = self.routes.view(called[0])
         try:
             body = await read_body(receive, headers, self.settings.max_body_bytes)
             name = parse_payload(body, self.settings.max_json_depth)["model"]

@@ -14,7 +14,7 @@ from billing.models import UsageRecord
 from gateway.fleet_limits import keys
 from routing import health, services
 from routing.models import RouteTable, RoutingEvent
-from tests.support.gateway import Gateway, chat, kill_engines
+from tests.support.gateway import Gateway, chat, kill_engines, stream_chat
 from tests.support.principals import principal
 from tests.support.processes import free_port, wait_for
 
@@ -29,20 +29,8 @@ def test_an_eu_tenant_is_served_at_home_streams_and_is_metered_exactly_once(worl
     assert replies[0].headers["x-model-version"] == "tiny-llama@1.0.0"
     request_id = replies[0].headers["x-request-id"]
 
-    with requests.post(
-        f"{gateway.url}/v1/chat/completions",
-        json={
-            "model": "chat",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 16,
-            "stream": True,
-        },
-        headers={"Authorization": f"Bearer {alice}"},
-        stream=True,
-        timeout=30,
-    ) as streamed:
-        assert streamed.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+    headers, events = stream_chat(gateway, alice)
+    assert headers["content-type"].startswith("text/event-stream")
     assert len(events) > 3 and events[-1] == b"data: [DONE]"
 
     wait_for(lambda: UsageRecord.objects.count() == 6, timeout=20)

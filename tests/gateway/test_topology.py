@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from billing.models import UsageRecord
-from tests.support.gateway import Gateway, chat
+from tests.support.gateway import Gateway, chat, stream_chat
 from tests.support.gateway_harness import reply, serve
 from tests.support.processes import wait_for
 
@@ -54,20 +54,8 @@ def test_the_entry_forwards_to_the_home_regions_gateway_which_meters_once(world,
     replies = [chat(entry, alice) for _ in range(3)]
     assert [r.status_code for r in replies] == [200] * 3, replies[0].text
     assert {r.headers["x-served-region"] for r in replies} == {"eu-west-1"}
-    with requests.post(
-        f"{entry.url}/v1/chat/completions",
-        json={
-            "model": "chat",
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 16,
-            "stream": True,
-        },
-        headers={"Authorization": f"Bearer {alice}"},
-        stream=True,
-        timeout=30,
-    ) as streamed:
-        assert streamed.headers["content-type"].startswith("text/event-stream")
-        events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+    headers, events = stream_chat(entry, alice)
+    assert headers["content-type"].startswith("text/event-stream")
     assert len(events) > 3 and events[-1] == b"data: [DONE]"
     wait_for(lambda: UsageRecord.objects.count() == 4, timeout=20)
     time.sleep(2.5)  # more shipping rounds: the entry meters nothing, the regional gateway once

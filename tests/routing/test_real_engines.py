@@ -12,7 +12,6 @@ import threading
 import time
 
 import pytest
-import requests
 
 from billing.crosscheck import crosscheck
 from billing.models import UsageRecord
@@ -23,7 +22,7 @@ from regions.services.deployments import deployment_create
 from registry.engine_args import vllm_available
 from routing import health, selectors, services
 from routing.models import EndpointHealth, RouteTable, RoutingEvent
-from tests.support.gateway import LOCATIONS, Gateway, chat, gateway_secret, kill_engines
+from tests.support.gateway import LOCATIONS, Gateway, chat, gateway_secret, kill_engines, stream_chat
 from tests.support.principals import principal
 from tests.support.processes import wait_for
 from tests.support.prometheus import INSTALLED, NOT_INSTALLED
@@ -93,19 +92,7 @@ def test_real_engines_residency_failover_and_fail_closed(
             served.append((time.monotonic(), 200, reply.headers["x-served-region"]))
         assert {region for _, _, region in served} == {"eu-west-1"}  # home first
 
-        with requests.post(
-            f"{gateway.url}/v1/chat/completions",
-            json={
-                "model": "chat",
-                "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 8,
-                "stream": True,
-            },
-            headers={"Authorization": f"Bearer {alice}"},
-            stream=True,
-            timeout=60,
-        ) as streamed:
-            events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+        _, events = stream_chat(gateway, alice, max_tokens=8, content="Hi", timeout=60)
         assert len(events) >= 8 and events[-1] == b"data: [DONE]"  # token by token, not one buffered blob
         served.append((time.monotonic(), 200, "eu-west-1"))
 

@@ -74,6 +74,24 @@ def chat(gateway: Gateway, token: str, model: str = "chat", **extra):  # type: i
     )
 
 
+def stream_chat(gateway: Gateway, token: str, max_tokens: int = 16, content: str = "hi", timeout: float = 30):  # type: ignore[no-untyped-def]
+    """A streamed chat: (the response's headers, its ``data:`` lines)."""
+    with requests.post(
+        f"{gateway.url}/v1/chat/completions",
+        json={
+            "model": "chat",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "stream": True,
+        },
+        headers={"Authorization": f"Bearer {token}"},
+        stream=True,
+        timeout=timeout,
+    ) as streamed:
+        events = [line for line in streamed.iter_lines() if line.startswith(b"data: ")]
+        return streamed.headers, events
+
+
 def chat_in_two_eu_regions(world, make_region, tiny_model_dir, jurisdictions):  # type: ignore[no-untyped-def]
     """acme (home eu-west-1) runs `chat` in eu-west-1 and eu-central-1, ready: (deployment, regions)."""
     regions = {}
