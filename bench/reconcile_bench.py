@@ -24,8 +24,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from django.utils import timezone  # noqa: E402
 
 from core.models import Tenant  # noqa: E402
 from core.principal import Principal  # noqa: E402
+from regions.drivers.factory import driver_for  # noqa: E402
 from regions.models import Deployment, DeploymentTarget, Region  # noqa: E402
 from regions.reconciler import reconcile_region  # noqa: E402
 from regions.services.regions import region_create  # noqa: E402
@@ -66,9 +68,10 @@ class Statements:
         connection.execute_wrappers.append(self)
 
     def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        count = len(params) if many else 1  # executemany: a statement per row, sent together
         with self.lock:
-            self.total += 1
-            self.writes += sql.lstrip().startswith(("INSERT", "UPDATE", "DELETE"))
+            self.total += count
+            self.writes += count * sql.lstrip().startswith(("INSERT", "UPDATE", "DELETE"))
         return execute(sql, params, many, context)
 
     def read(self) -> tuple[int, int]:
@@ -163,9 +166,65 @@ def add_deployments(
     )
 
 
-def reconcile_everything(regions: list[Region]) -> None:
-    with ThreadPoolExecutor(max_workers=len(regions)) as pool:  # regions reconcile side by side
-        list(pool.map(lambda r: reconcile_region(r.pk), regions))
+class Reconcilers:
+    """Where the regions' passes run. ``workers=0``: threads of this process, side by side. ``workers=N``:
+    N processes, each taking whole regions' passes, as Celery's prefork workers take the per-region tasks
+    ``reconcile_all`` fans out in production. Counts statements and CPU wherever the passes ran."""
+
+    def __init__(self, workers: int, statements: Statements, regions: list[Region]) -> None:
+        self.statements, self.extra = statements, [0, 0, 0.0]  # the workers' statements, writes, CPU
+        ids = [r.pk for r in regions]
+        self.pool = None
+        if workers:
+            self.pool = ProcessPoolExecutor(
+                workers, mp_context=get_context("spawn"), initializer=_worker_started, initargs=(ids,)
+            )
+            list(self.pool.map(time.sleep, [0.1] * workers))  # every worker started and warm
+        else:
+            _warm(ids)
+
+    def run(self, regions: list[Region]) -> None:
+        ids = [r.pk for r in regions]
+        if self.pool is None:
+            with ThreadPoolExecutor(max_workers=len(ids)) as threads:
+                list(threads.map(reconcile_region, ids))
+            return
+        for total, writes, cpu in self.pool.map(_worker_pass, ids):
+            self.extra = [self.extra[0] + total, self.extra[1] + writes, self.extra[2] + cpu]
+
+    def read(self) -> tuple[int, int, float]:
+        """Statements, writes and CPU seconds of this process and the workers so far."""
+        total, writes = self.statements.read()
+        return total + self.extra[0], writes + self.extra[1], time.process_time() + self.extra[2]
+
+    def stop(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+WORKER_STATEMENTS: Statements | None = None
+
+
+def _worker_started(region_ids: list[int]) -> None:
+    global WORKER_STATEMENTS
+    WORKER_STATEMENTS = Statements()
+    _warm(region_ids)
+
+
+def _warm(region_ids: list[int]) -> None:
+    """Build each region's driver before anything is measured, as a worker that has run a pass has them:
+    the first build imports the Kubernetes client's API modules, a second or more of CPU per process."""
+    for region in Region.objects.filter(pk__in=region_ids):
+        driver_for(region)
+
+
+def _worker_pass(region_id: int) -> tuple[int, int, float]:
+    assert WORKER_STATEMENTS is not None
+    total, writes = WORKER_STATEMENTS.read()
+    cpu = time.process_time()
+    reconcile_region(region_id)
+    total_after, writes_after = WORKER_STATEMENTS.read()
+    return total_after - total, writes_after - writes, time.process_time() - cpu
 
 
 @dataclass
@@ -179,36 +238,32 @@ class Measured:
     server_cpu: float
 
 
-def measure(cluster: Cluster, statements: Statements, run: Any) -> tuple[Measured, Any]:
+def measure(cluster: Cluster, reconcilers: Reconcilers, run: Any) -> tuple[Measured, Any]:
     requests, cluster_writes = cluster.requests()
-    total, writes = statements.read()
-    cpu, server_cpu, start = time.process_time(), cluster.cpu_seconds(), time.perf_counter()
+    total, writes, cpu = reconcilers.read()
+    server_cpu, start = cluster.cpu_seconds(), time.perf_counter()
     result = run()
     seconds = time.perf_counter() - start
     requests_after, cluster_writes_after = cluster.requests()
-    total_after, writes_after = statements.read()
+    total_after, writes_after, cpu_after = reconcilers.read()
     return Measured(
         seconds,
         requests_after - requests - 1,  # less the count request itself
         cluster_writes_after - cluster_writes,
         total_after - total,
         writes_after - writes,
-        time.process_time() - cpu,
+        cpu_after - cpu,
         cluster.cpu_seconds() - server_cpu,
     ), result
 
 
-def converge(regions: list[Region]) -> int:
+def converge(reconcilers: Reconcilers, regions: list[Region]) -> int:
     passes = 0
     while DeploymentTarget.objects.exclude(status="ready").exists():
         DeploymentTarget.objects.exclude(status="ready").update(next_attempt_at=timezone.now())
-        reconcile_everything(regions)
+        reconcilers.run(regions)
         passes += 1
     return passes
-
-
-def noop_pass(regions: list[Region]) -> None:
-    reconcile_everything(regions)
 
 
 def row(what: str, targets: int, m: Measured, extra: str = "") -> str:
@@ -224,27 +279,42 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="worker processes the regions' passes run in, as Celery's prefork workers (default 0: "
+        "threads of this one process)",
+    )
     args = parser.parse_args()
-    print(f"database: {django.db.connection.vendor}; regions: {REGIONS}; concurrency per region: 8")
+    where = f"{args.workers} worker processes" if args.workers else "threads of one process"
+    print(
+        f"database: {django.db.connection.vendor}; regions: {REGIONS}, reconciled in {where}; "
+        "concurrency per region: 8"
+    )
     print(
         f"{'pass':<9} {'targets':>7} {'seconds':>8} {'targets/s':>9} {'req/tgt':>8} {'k-writes':>7} "
         f"{'sql/tgt':>7} {'db-writes':>8} {'cpu ms/t':>9} {'api ms/t':>9}"
     )
     statements, cluster = Statements(), Cluster()
+    reconcilers = None
     try:
         with tempfile.TemporaryDirectory() as folder:
             tenant, version, regions = setup_world(cluster, Path(folder))
+            reconcilers = Reconcilers(args.workers, statements, regions)
             done = 0
             for size in sorted(args.sizes):
                 add_deployments(tenant, version, regions, done, size - done)
                 done = size
                 targets = size * REGIONS
-                converged, passes = measure(cluster, statements, lambda: converge(regions))
+                converged, passes = measure(cluster, reconcilers, lambda: converge(reconcilers, regions))
                 print(row("converge", targets, converged, f"{passes} passes"))
                 DeploymentTarget.objects.update(next_attempt_at=timezone.now())  # every target due again
-                idle, _ = measure(cluster, statements, lambda: noop_pass(regions))
+                idle, _ = measure(cluster, reconcilers, lambda: reconcilers.run(regions))
                 print(row("no-op", targets, idle))
     finally:
+        if reconcilers is not None:
+            reconcilers.stop()
         cluster.stop()
 
 

@@ -21,6 +21,7 @@ from django.db import close_old_connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core.bulk import update_rows
 from core.choices import AuditSource
 from core.principal import Principal
 from core.services.audit import AuditEntry, audit_record, audit_record_many
@@ -210,9 +211,11 @@ def _claim(target_ids: list[int]) -> list[DeploymentTarget]:
         DeploymentTarget.objects.filter(pk__in=free).update(lease_until=now + LEASE)
     return list(
         DeploymentTarget.objects.filter(pk__in=free)
-        .select_related("deployment__owner", "region")
-        # Many targets share a few models and versions (large JSON columns): read each once.
-        .prefetch_related("deployment__model", "deployment__version", "version")
+        # Many targets share a few regions, owners, models and versions (wide rows, JSON columns): read
+        # each once, not once per target as a join would.
+        .prefetch_related(
+            "region", "deployment__owner", "deployment__model", "deployment__version", "version"
+        )
         .order_by("pk")
     )
 
@@ -457,9 +460,20 @@ def _save_all(batch: list[Pending]) -> None:
         return
     changes: list[hooks.StatusChange] = []
     with transaction.atomic():
-        for pending in sorted(batch, key=lambda p: p.target.pk):  # rows locked in one order by everyone
-            if _write(pending):
-                changes.append(hooks.StatusChange(pending.target, pending.target.status, pending.status))
+        now = timezone.now()
+        current = _lock(batch)
+        writes = []
+        for pending in batch:
+            target, fields = pending.target, pending.fields
+            if pending.status != target.status:
+                if current.get(target.pk) != target.status:
+                    continue  # another writer changed the status since the claim: its change stands
+                changes.append(hooks.StatusChange(target, target.status, pending.status))
+                fields = {**fields, "status": pending.status, "last_transition_at": now}
+                if pending.status == TargetStatus.READY:
+                    fields["wakes_on_request"] = False  # woken and serving: no longer held for
+            writes.append((target.pk, fields))
+        update_rows(DeploymentTarget, writes)
         errors = {p.target.pk: p.error for p in batch}
         DeploymentEvent.objects.bulk_create([_evented(c, errors[c.target.pk]) for c in changes])
         audit_record_many([_audited(c, errors[c.target.pk]) for c in changes])
@@ -472,19 +486,11 @@ def _save_all(batch: list[Pending]) -> None:
         listener(allocations)
 
 
-def _write(pending: Pending) -> bool:
-    """Whether the status changed (and this writer changed it)."""
-    target, status, fields = pending.target, pending.status, pending.fields
-    if status == target.status:
-        DeploymentTarget.objects.filter(pk=target.pk).update(**fields)
-        return False
-    if status == TargetStatus.READY:
-        fields = {**fields, "wakes_on_request": False}  # woken and serving: no longer held for
-    return bool(
-        DeploymentTarget.objects.filter(pk=target.pk, status=target.status).update(
-            status=status, last_transition_at=timezone.now(), **fields
-        )
-    )
+def _lock(batch: list[Pending]) -> dict[int, str]:
+    """Lock the batch's rows (in one order, as every writer does) and read their statuses: a status change
+    is recorded only over the status it was decided from (compare-and-set)."""
+    rows = DeploymentTarget.objects.select_for_update().filter(pk__in=[p.target.pk for p in batch])
+    return dict(rows.order_by("pk").values_list("pk", "status"))
 
 
 def _evented(change: hooks.StatusChange, error: str) -> DeploymentEvent:

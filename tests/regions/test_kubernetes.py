@@ -12,7 +12,13 @@ from core.models import AuditEvent
 from regions.choices import TargetRole
 from regions.drivers.base import WorkloadSpec
 from regions.drivers.factory import driver_for
-from regions.drivers.kubernetes import SPEC_LABEL, KubernetesConfig, KubernetesDriver, render_manifests
+from regions.drivers.kubernetes import (
+    SPEC_LABEL,
+    KubernetesConfig,
+    KubernetesDriver,
+    _at_most_every,
+    render_manifests,
+)
 from regions.engine_keys import engine_api_key
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
@@ -337,3 +343,15 @@ def test_two_revisions_of_a_deployment_coexist_with_their_own_names_and_selector
         selected = kube.state.pods("llm", service_selector(kube, workload))
         assert [pod["metadata"]["name"] for pod in selected] == [f"{workload}-abc10"]
     assert SPEC_LABEL in kube.state.objects[("services", "llm", f"{candidate}-engine")]["spec"]["selector"]
+
+
+def test_the_kubeconfig_credentials_are_re_read_at_most_once_a_second():
+    """The loader's refresh hook runs before every request; throttled, it still runs on the first request
+    and again once a second has passed (an expiring token is renewed minutes early)."""
+    now = [100.0]
+    calls: list[object] = []
+    refresh = _at_most_every(1.0, calls.append, clock=lambda: now[0])
+    for step in (0.0, 0.4, 0.5, 0.1, 2.0):  # at 100.0, 100.4, 100.9, 101.0, 103.0
+        now[0] += step
+        refresh("configuration")
+    assert len(calls) == 3  # at 100.0, 101.0 and 103.0

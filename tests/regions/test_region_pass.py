@@ -14,7 +14,7 @@ from core.models import AuditEvent
 from core.services.audit import verify_chain
 from regions import hooks
 from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPool
-from regions.reconciler import reconcile_region
+from regions.reconciler import Pending, _claim, _save_all, reconcile_region
 from regions.services.deployments import deployment_create
 from regions.workloads import target_workload
 from registry.models import ModelAlias
@@ -191,3 +191,35 @@ def test_passes_record_their_batch_together_and_observe_starting_engines_from_li
         {("pending", "provisioning")},
         {("provisioning", "ready")},
     ]
+
+
+def test_a_status_changed_by_another_writer_after_the_claim_stands(fleet):
+    """Recording is a compare-and-set on the status the outcome was decided from: a target another writer
+    moved meanwhile keeps that writer's status (no event, no audit), while its neighbours in the batch are
+    recorded with their own values."""
+    _, region, deployments = fleet
+    claimed = _claim([t.pk for t in DeploymentTarget.objects.filter(deployment__in=deployments[:2])])
+    moved, kept = claimed
+    DeploymentTarget.objects.filter(pk=moved.pk).update(status="deleting")  # e.g. a delete meanwhile
+    events = DeploymentEvent.objects.count()
+    fields = {"last_error": "", "endpoints": ["http://a:8000"], "lease_until": None}
+    _save_all(
+        [
+            Pending(moved, "degraded", {**fields, "ready_replicas": 0}, "engine gone"),
+            Pending(kept, "degraded", {**fields, "ready_replicas": 1}, "one replica down"),
+        ]
+    )
+    moved.refresh_from_db()
+    kept.refresh_from_db()
+    assert (moved.status, moved.lease_until) == ("deleting", moved.lease_until)
+    assert moved.lease_until is not None  # nothing of the lost outcome was written
+    assert (kept.status, kept.ready_replicas, kept.endpoints, kept.lease_until) == (
+        "degraded",
+        1,
+        ["http://a:8000"],
+        None,
+    )
+    assert list(DeploymentEvent.objects.order_by("pk").values_list("message", flat=True))[events:] == [
+        f"{region.code}: ready → degraded (one replica down)"
+    ]
+    assert verify_chain().ok
