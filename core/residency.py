@@ -43,9 +43,8 @@ class Weights:
 def residency_refusal(weights: Weights, jurisdiction: str, *, serving: Residency | None = None) -> str | None:
     """Why these weights may not be stored in ``jurisdiction`` (``serving`` None) or served there to the
     ``serving`` tenant; None when they may."""
-    if serving is not None and jurisdiction not in serving.jurisdictions:
-        policy = _listed(serving.jurisdictions)
-        return f"{jurisdiction} is outside {serving.tenant}'s residency policy ({policy})"
+    if serving is not None and (outside := processing_refusal(serving, jurisdiction)):
+        return outside
     if jurisdiction not in weights.allowed:
         verb = "served" if serving is not None else "stored"
         return f"{weights.version} may not be {verb} in {jurisdiction} (allowed: {_listed(weights.allowed)})"
@@ -56,6 +55,15 @@ def residency_refusal(weights: Weights, jurisdiction: str, *, serving: Residency
             f"residency policy is {_listed(owner.jurisdictions)}"
         )
     return None
+
+
+def processing_refusal(residency: Residency, jurisdiction: str) -> str | None:
+    """Why the tenant's data may not be processed in ``jurisdiction`` (by any engine or service of a
+    request's, the tenant's own included); None when it may."""
+    if jurisdiction in residency.jurisdictions:
+        return None
+    policy = _listed(residency.jurisdictions)
+    return f"{jurisdiction} is outside {residency.tenant}'s residency policy ({policy})"
 
 
 def _listed(jurisdictions: Iterable[str]) -> str:

@@ -7,6 +7,25 @@ class ModelTask(models.TextChoices):
     CHAT = "chat", "Chat / completion"
     EMBEDDING = "embedding", "Embedding"
     RERANKING = "reranking", "Reranking"
+    CLASSIFICATION = "classification", "Classification"
+
+
+class PipelineStatus(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    PRODUCTION = "production", "Production"
+    DEPRECATED = "deprecated", "Deprecated"
+    RETIRED = "retired", "Retired"
+
+
+P = PipelineStatus
+# A pipeline version's lifecycle: its graph is editable in draft only. Promoting one to production
+# deprecates the pipeline's previous production version, in the same transaction.
+PIPELINE_TRANSITIONS: dict[str, frozenset[str]] = {
+    P.DRAFT: frozenset({P.PRODUCTION, P.RETIRED}),
+    P.PRODUCTION: frozenset({P.DEPRECATED}),
+    P.DEPRECATED: frozenset({P.PRODUCTION, P.RETIRED}),
+    P.RETIRED: frozenset(),
+}
 
 
 class Visibility(models.TextChoices):

@@ -9,6 +9,7 @@ from registry.choices import (
     ArtifactFormat,
     DataClassification,
     ModelTask,
+    PipelineStatus,
     ReportOutcome,
     VersionStatus,
     Visibility,
@@ -219,3 +220,65 @@ class AliasMove(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias} → {self.version} at {self.at:%Y-%m-%d %H:%M}"
+
+
+class Pipeline(models.Model):
+    """A named graph of stages served as one model name (e.g. ``support-rag``), owned by a tenant, or by
+    the platform when ``owner`` is empty (the catalog, usable by every tenant)."""
+
+    owner = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    name = models.SlugField(max_length=63)
+    description = models.TextField(blank=True, max_length=2000)
+    created_by_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="pipeline_unique_name_per_owner"),
+            models.UniqueConstraint(
+                fields=["name"], condition=models.Q(owner__isnull=True), name="pipeline_unique_platform_name"
+            ),
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.ref
+
+    @property
+    def ref(self) -> str:
+        return f"{self.owner.slug if self.owner else 'platform'}/{self.name}"
+
+
+class PipelineVersion(models.Model):
+    """One release of a pipeline: its graph (``registry.pipelines``), immutable once out of draft.
+
+    Lifecycle (compare-and-set transitions, each audited)::
+
+        draft ─► production ─► deprecated ─► retired
+          │                        │  ▲
+          └────────► retired       └──┘ (back to production: a rollback)
+
+    One version of a pipeline is in production at a time: promoting one deprecates the previous.
+    """
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="versions")
+    version = models.CharField(max_length=64, validators=[VERSION])
+    status = models.CharField(max_length=16, choices=PipelineStatus.choices, default=PipelineStatus.DRAFT)
+    status_changed_at = models.DateTimeField(default=timezone.now)
+    graph = models.JSONField()
+    created_by_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["pipeline", "version"], name="pipeline_version_unique"),
+            models.UniqueConstraint(
+                fields=["pipeline"],
+                condition=models.Q(status="production"),
+                name="pipeline_one_production_version",
+            ),
+        ]
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline.ref}@{self.version}"

@@ -11,6 +11,7 @@ from django.db.models import Q, QuerySet
 
 from core.choices import Scope
 from core.errors import NotFound
+from core.models import Tenant
 from core.principal import Principal
 from core.selectors import visible_tenant_ids
 from registry.choices import (
@@ -20,7 +21,15 @@ from registry.choices import (
     VersionStatus,
     Visibility,
 )
-from registry.models import AliasMove, ModelAlias, ModelVersion, RegisteredModel, ValidationReport
+from registry.models import (
+    AliasMove,
+    ModelAlias,
+    ModelVersion,
+    Pipeline,
+    PipelineVersion,
+    RegisteredModel,
+    ValidationReport,
+)
 
 
 def models_for(principal: Principal) -> QuerySet[RegisteredModel]:
@@ -34,12 +43,57 @@ def models_for(principal: Principal) -> QuerySet[RegisteredModel]:
     return queryset.filter(visible)
 
 
+def owned_by(owner: str) -> Q:
+    """Rows owned by the tenant of that slug, or by the platform (``platform``)."""
+    return Q(owner__isnull=True) if owner == "platform" else Q(owner__slug=owner)
+
+
+def usable_by(model: RegisteredModel, owner: Tenant | None) -> bool:
+    """Whether a tenant's deployments and pipelines (``owner`` None: the platform's) may use the model: its
+    own models and the platform catalog's."""
+    return model.owner_id == (owner.pk if owner else None) or (
+        model.owner_id is None and model.visibility == Visibility.CATALOG
+    )
+
+
 def model_get(principal: Principal, owner: str, name: str) -> RegisteredModel:
-    owner_filter = Q(owner__isnull=True) if owner == "platform" else Q(owner__slug=owner)
-    model = models_for(principal).filter(owner_filter, name=name).first()
+    model = models_for(principal).filter(owned_by(owner), name=name).first()
     if model is None:
         raise NotFound(f"No model '{owner}/{name}'.")
     return model
+
+
+def model_named(ref: str) -> RegisteredModel | None:
+    """The model ``<owner>/<name>`` (owner ``platform``: the platform's), whoever may see it: callers
+    check ``usable_by``."""
+    owner, name = ref.split("/", 1)
+    return RegisteredModel.objects.filter(owned_by(owner), name=name).select_related("owner").first()
+
+
+def pipelines_for(principal: Principal) -> QuerySet[Pipeline]:
+    """Pipelines the principal may see: its tenants' own, and the platform's (the catalog) to any reader."""
+    queryset = Pipeline.objects.select_related("owner")
+    owners = visible_tenant_ids(principal, Scope.REGISTRY_READ)
+    if owners is None:
+        return queryset
+    visible = Q(owner_id__in=owners)
+    if Scope.REGISTRY_READ in principal.all_scopes:
+        visible |= Q(owner__isnull=True)
+    return queryset.filter(visible)
+
+
+def pipeline_get(principal: Principal, owner: str, name: str) -> Pipeline:
+    pipeline = pipelines_for(principal).filter(owned_by(owner), name=name).first()
+    if pipeline is None:
+        raise NotFound(f"No pipeline '{owner}/{name}'.")
+    return pipeline
+
+
+def pipeline_version_get(pipeline: Pipeline, version: str) -> PipelineVersion:
+    found = pipeline.versions.select_related("pipeline__owner").filter(version=version).first()
+    if found is None:
+        raise NotFound(f"No version '{version}' of pipeline {pipeline.ref}.")
+    return found
 
 
 def versions_of(model: RegisteredModel) -> QuerySet[ModelVersion]:

@@ -20,7 +20,6 @@ from regions.models import Deployment, DeploymentEvent, DeploymentTarget, GpuPoo
 from regions.services import placement
 from regions.tasks import reconcile_region
 from registry import selectors as registry_selectors
-from registry.choices import Visibility
 from registry.engine_args import validate_engine_args
 from registry.models import ModelVersion, RegisteredModel
 
@@ -43,7 +42,7 @@ def resolve_version(model: RegisteredModel, version: str | None, alias: str) -> 
 
 
 def _check_model(owner: Tenant, model: RegisteredModel) -> None:
-    if model.owner_id != owner.pk and not (model.owner_id is None and model.visibility == Visibility.CATALOG):
+    if not registry_selectors.usable_by(model, owner):
         raise NotFound(f"{owner.slug} cannot use model {model.ref}.")
 
 

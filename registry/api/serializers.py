@@ -6,11 +6,21 @@ from rest_framework import serializers
 
 from core.api.conventions import StrictSerializer
 from core.choices import Jurisdiction
-from registry.choices import ArtifactFormat, DataClassification, ModelTask, VersionStatus, Visibility
+from registry.choices import (
+    ArtifactFormat,
+    DataClassification,
+    ModelTask,
+    PipelineStatus,
+    VersionStatus,
+    Visibility,
+)
 from registry.models import (
+    VERSION,
     AliasMove,
     ModelAlias,
     ModelVersion,
+    Pipeline,
+    PipelineVersion,
     RegisteredModel,
     ValidationReport,
     VersionTransition,
@@ -188,3 +198,57 @@ class AliasMoveSerializer(serializers.ModelSerializer):
     class Meta:
         model = AliasMove
         fields = ["version", "previous_version", "actor_name", "reason", "at"]
+
+
+class PipelineSerializer(serializers.ModelSerializer):
+    ref = serializers.CharField(read_only=True)
+    owner = serializers.SerializerMethodField()
+    versions = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Pipeline
+        fields = ["ref", "owner", "name", "description", "versions", "created_by_name", "created_at"]
+        read_only_fields = fields
+
+    def get_owner(self, pipeline: Pipeline) -> str:
+        return pipeline.owner.slug if pipeline.owner else "platform"
+
+    def get_versions(self, pipeline: Pipeline) -> dict[str, str]:
+        return dict(pipeline.versions.order_by("-created_at").values_list("version", "status")[:50])
+
+
+class PipelineWriteSerializer(StrictSerializer):
+    owner = serializers.SlugField(max_length=50, help_text='Owner tenant slug, or "platform"')
+    name = serializers.SlugField(max_length=63)
+    description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class PipelineVersionSerializer(serializers.ModelSerializer):
+    pipeline = serializers.CharField(source="pipeline.ref", read_only=True)
+
+    class Meta:
+        model = PipelineVersion
+        fields = [
+            "pipeline",
+            "version",
+            "status",
+            "status_changed_at",
+            "graph",
+            "created_by_name",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class PipelineVersionWriteSerializer(StrictSerializer):
+    version = serializers.RegexField(VERSION.regex, max_length=64)
+    graph = serializers.JSONField(help_text="The stages, output and budget_ms (docs/pipelines.md)")
+
+
+class PipelineGraphSerializer(StrictSerializer):
+    graph = serializers.JSONField()
+
+
+class PipelineTransitionSerializer(StrictSerializer):
+    to = serializers.ChoiceField(PipelineStatus.choices)
+    reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")

@@ -6,6 +6,8 @@ app_name = "registry-api"
 
 MODEL = "models/<slug:owner>/<slug:name>/"
 VERSION = MODEL + "versions/<str:version>/"
+PIPELINE = "pipelines/<slug:owner>/<slug:name>/"
+PIPELINE_VERSION = PIPELINE + "versions/<str:version>/"
 
 urlpatterns = [
     path("engine-arguments/", views.EngineArgumentsView.as_view(), name="engine-arguments"),
@@ -21,4 +23,11 @@ urlpatterns = [
     path(VERSION + "transitions/", views.TransitionView.as_view(), name="transitions"),
     path(VERSION + "reports/", views.ReportView.as_view(), name="reports"),
     path(VERSION + "lineage/", views.LineageView.as_view(), name="lineage"),
+    path("pipelines/", views.PipelineListView.as_view(), name="pipelines"),
+    path(PIPELINE, views.PipelineDetailView.as_view(), name="pipeline"),
+    path(PIPELINE + "versions/", views.PipelineVersionListView.as_view(), name="pipeline-versions"),
+    path(PIPELINE_VERSION, views.PipelineVersionDetailView.as_view(), name="pipeline-version"),
+    path(
+        PIPELINE_VERSION + "transitions/", views.PipelineTransitionView.as_view(), name="pipeline-transitions"
+    ),
 ]

@@ -19,8 +19,8 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.diff import lineage, version_diff
 from registry.engine_args import ENGINE_ARGS, vllm_available
-from registry.models import ModelVersion, RegisteredModel
-from registry.services import lifecycle, models, reports, versions
+from registry.models import ModelVersion, Pipeline, PipelineVersion, RegisteredModel
+from registry.services import lifecycle, models, pipelines, reports, versions
 
 
 class ModelScoped(PrincipalMixin):
@@ -40,9 +40,7 @@ class ModelFilter(django_filters.FilterSet):
         fields = ["task", "visibility"]
 
     def filter_owner(self, queryset: Any, name: str, value: str) -> Any:
-        return (
-            queryset.filter(owner__isnull=True) if value == "platform" else queryset.filter(owner__slug=value)
-        )
+        return queryset.filter(selectors.owned_by(value))
 
 
 class ModelListView(ModelScoped, generics.ListAPIView):
@@ -274,3 +272,90 @@ class EngineArgumentsView(PrincipalMixin):
                 },
             }
         )
+
+
+class PipelineScoped(PrincipalMixin):
+    def pipeline(self, owner: str, name: str) -> Pipeline:
+        return selectors.pipeline_get(self.principal, owner, name)
+
+    def pipeline_version(self, owner: str, name: str, version: str) -> PipelineVersion:
+        return selectors.pipeline_version_get(self.pipeline(owner, name), version)
+
+
+class PipelineListView(PipelineScoped, generics.ListAPIView):
+    serializer_class = s.PipelineSerializer
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return Pipeline.objects.none()
+        return selectors.pipelines_for(self.principal)
+
+    @extend_schema(request=s.PipelineWriteSerializer, responses={201: s.PipelineSerializer, **ERRORS})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        data = s.PipelineWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        owner_slug = fields.pop("owner")
+        owner = (
+            None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug, None)
+        )
+        created = pipelines.pipeline_create(actor=self.principal, owner=owner, **fields)
+        return Response(s.PipelineSerializer(created).data, status=201)
+
+
+class PipelineDetailView(PipelineScoped):
+    @extend_schema(responses={200: s.PipelineSerializer, **ERRORS})
+    def get(self, request: Request, owner: str, name: str) -> Response:
+        return Response(s.PipelineSerializer(self.pipeline(owner, name)).data)
+
+
+class PipelineVersionListView(PipelineScoped):
+    @extend_schema(responses={200: s.PipelineVersionSerializer(many=True), **ERRORS})
+    def get(self, request: Request, owner: str, name: str) -> Response:
+        found = self.pipeline(owner, name).versions.select_related("pipeline__owner")
+        return Response(s.PipelineVersionSerializer(found, many=True).data)
+
+    @extend_schema(
+        request=s.PipelineVersionWriteSerializer, responses={201: s.PipelineVersionSerializer, **ERRORS}
+    )
+    @idempotent
+    def post(self, request: Request, owner: str, name: str) -> Response:
+        pipeline = self.pipeline(owner, name)
+        data = s.PipelineVersionWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        created = pipelines.pipeline_version_create(
+            actor=self.principal, pipeline=pipeline, **data.validated_data
+        )
+        return Response(s.PipelineVersionSerializer(created).data, status=201)
+
+
+class PipelineVersionDetailView(PipelineScoped):
+    @extend_schema(responses={200: s.PipelineVersionSerializer, **ERRORS})
+    def get(self, request: Request, owner: str, name: str, version: str) -> Response:
+        return Response(s.PipelineVersionSerializer(self.pipeline_version(owner, name, version)).data)
+
+    @extend_schema(request=s.PipelineGraphSerializer, responses={200: s.PipelineVersionSerializer, **ERRORS})
+    def patch(self, request: Request, owner: str, name: str, version: str) -> Response:
+        found = self.pipeline_version(owner, name, version)
+        data = s.PipelineGraphSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        updated = pipelines.pipeline_version_update(
+            actor=self.principal, version=found, graph=data.validated_data["graph"]
+        )
+        return Response(s.PipelineVersionSerializer(updated).data)
+
+
+class PipelineTransitionView(PipelineScoped):
+    @extend_schema(
+        request=s.PipelineTransitionSerializer, responses={200: s.PipelineVersionSerializer, **ERRORS}
+    )
+    @idempotent
+    def post(self, request: Request, owner: str, name: str, version: str) -> Response:
+        found = self.pipeline_version(owner, name, version)
+        data = s.PipelineTransitionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        moved = pipelines.pipeline_version_transition(
+            actor=self.principal, version=found, **data.validated_data
+        )
+        return Response(s.PipelineVersionSerializer(moved).data)

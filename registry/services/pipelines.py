@@ -1,0 +1,182 @@
+"""Defining pipelines: a name, then versions whose graphs are checked (structure, types, the models each
+stage may use, the owner's residency) before anything is written, and a compare-and-set lifecycle."""
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from core.choices import Scope
+from core.errors import Conflict, InvalidTransition, ValidationFailed
+from core.models import Tenant
+from core.principal import Principal
+from core.residency import processing_refusal, residency_of, residency_refusal, weights_of
+from core.services.audit import audit_record
+from core.services.validation import full_clean
+from registry import selectors
+from registry.choices import PIPELINE_TRANSITIONS, PipelineStatus
+from registry.models import ModelVersion, Pipeline, PipelineVersion, RegisteredModel
+from registry.pipelines import SERVED_BY, Graph, Stage, parse_graph
+
+P = PipelineStatus
+
+
+def pipeline_create(*, actor: Principal, owner: Tenant | None, name: str, description: str = "") -> Pipeline:
+    actor.require(Scope.REGISTRY_WRITE, owner.pk if owner else None)
+    pipeline = Pipeline(owner=owner, name=name, description=description, created_by_name=actor.name)
+    full_clean(pipeline, exclude=["owner"])
+    with transaction.atomic():
+        if Pipeline.objects.filter(owner=owner, name=name).exists():
+            raise Conflict(f"Pipeline {pipeline.ref} already exists.", code="already_exists")
+        pipeline.save()
+        audit_record(
+            actor=actor,
+            action="pipeline.created",
+            target=pipeline,
+            tenant=owner,
+            after={"name": name, "description": description},
+        )
+    return pipeline
+
+
+def pipeline_version_create(
+    *, actor: Principal, pipeline: Pipeline, version: str, graph: Any
+) -> PipelineVersion:
+    actor.require(Scope.REGISTRY_WRITE, pipeline.owner_id)
+    parsed = parse_graph(graph)
+    check_graph(pipeline, parsed)
+    created = PipelineVersion(pipeline=pipeline, version=version, graph=graph, created_by_name=actor.name)
+    full_clean(created, exclude=["pipeline"])
+    try:
+        with transaction.atomic():
+            created.save()
+            audit_record(
+                actor=actor,
+                action="pipeline.version_created",
+                target=created,
+                tenant=pipeline.owner,
+                after={"version": version, "graph": graph},
+            )
+    except IntegrityError:
+        raise Conflict(f"{created} already exists.", code="already_exists") from None
+    return created
+
+
+def pipeline_version_update(*, actor: Principal, version: PipelineVersion, graph: Any) -> PipelineVersion:
+    """Replace a draft's graph; a version out of draft is immutable (make a new version)."""
+    actor.require(Scope.REGISTRY_WRITE, version.pipeline.owner_id)
+    check_graph(version.pipeline, parse_graph(graph))
+    with transaction.atomic():
+        updated = PipelineVersion.objects.filter(pk=version.pk, status=P.DRAFT).update(graph=graph)
+        if not updated:
+            raise Conflict(
+                f"{version} is {version.status}: its graph is immutable; register a new version.",
+                code="immutable",
+            )
+        audit_record(
+            actor=actor,
+            action="pipeline.version_updated",
+            target=version,
+            tenant=version.pipeline.owner,
+            before={"graph": version.graph},
+            after={"graph": graph},
+        )
+    version.refresh_from_db()
+    return version
+
+
+def pipeline_version_transition(
+    *, actor: Principal, version: PipelineVersion, to: str, reason: str = ""
+) -> PipelineVersion:
+    """Move the version through its lifecycle (compare-and-set). Into production: the graph is checked
+    again (a model may have left the catalog since) and the pipeline's previous production version is
+    deprecated in the same transaction."""
+    actor.require(Scope.REGISTRY_PROMOTE, version.pipeline.owner_id)
+    if to not in PIPELINE_TRANSITIONS.get(version.status, frozenset()):
+        raise InvalidTransition(f"{version} cannot go from {version.status} to {to}.")
+    if to == P.PRODUCTION:
+        check_graph(version.pipeline, parse_graph(version.graph))
+    with transaction.atomic():
+        if to == P.PRODUCTION:
+            for previous in PipelineVersion.objects.filter(pipeline=version.pipeline, status=P.PRODUCTION):
+                _move(actor, previous, P.DEPRECATED, f"superseded by {version.version}")
+        _move(actor, version, to, reason)
+    version.refresh_from_db()
+    return version
+
+
+def _move(actor: Principal, version: PipelineVersion, to: str, reason: str) -> None:
+    moved = PipelineVersion.objects.filter(pk=version.pk, status=version.status).update(
+        status=to, status_changed_at=timezone.now()
+    )
+    if not moved:
+        raise InvalidTransition(f"{version} was moved by someone else; reload and try again.")
+    audit_record(
+        actor=actor,
+        action="pipeline.version_transitioned",
+        target=version,
+        tenant=version.pipeline.owner,
+        before={"status": version.status},
+        after={"status": to},
+        message=reason,
+    )
+
+
+def check_graph(pipeline: Pipeline, graph: Graph) -> None:
+    """What the graph's structure cannot say: each model stage names a model its owner may use, serving
+    its task, with a version to run; and every stage can run inside the owner's residency (a platform
+    pipeline's callers are checked when they call it)."""
+    for stage in graph.model_stages():
+        _model_stage(pipeline.owner, stage)
+    if pipeline.owner is None:
+        return
+    residency = residency_of(pipeline.owner)
+    for stage in graph.stages.values():
+        jurisdiction = stage.config.get("jurisdiction")
+        if jurisdiction and (refusal := processing_refusal(residency, jurisdiction)):
+            raise _refused(stage, "jurisdiction", f"it runs in {refusal}")
+
+
+def _model_stage(owner: Tenant | None, stage: Stage) -> None:
+    ref = stage.config["model"]
+    model = selectors.model_named(ref)
+    if model is None or not selectors.usable_by(model, owner):
+        raise _refused(stage, "model", f"no model {ref} that {_whose(owner)} pipelines may use")
+    if model.task != SERVED_BY[stage.config["task"]]:
+        raise _refused(
+            stage, "task", f"{ref} is a {model.task} model; a {stage.config['task']} stage needs one"
+        )
+    version = _runs(model, stage)
+    if owner is None:
+        return
+    residency = residency_of(owner)
+    if all(residency_refusal(weights_of(version), j, serving=residency) for j in residency.jurisdictions):
+        allowed = ", ".join(sorted(version.allowed_jurisdictions)) or "nowhere"
+        policy = ", ".join(sorted(residency.jurisdictions))
+        raise _refused(
+            stage,
+            "model",
+            f"{version} may be served only in {allowed}, none of it in {owner.slug}'s residency ({policy})",
+        )
+
+
+def _runs(model: RegisteredModel, stage: Stage) -> ModelVersion:
+    """The version the stage runs today: its pinned version, or where its alias points."""
+    if "version" in stage.config:
+        found = model.versions.filter(version=stage.config["version"]).first()
+        if found is None:
+            raise _refused(stage, "version", f"{model.ref} has no version {stage.config['version']}")
+        return found
+    alias = model.aliases.filter(name=stage.config["alias"]).select_related("version__model__owner").first()
+    if alias is None or alias.version is None:
+        raise _refused(stage, "alias", f"{model.ref}'s alias {stage.config['alias']} points at no version")
+    return alias.version
+
+
+def _whose(owner: Tenant | None) -> str:
+    return f"{owner.slug}'s" if owner else "platform"
+
+
+def _refused(stage: Stage, field: str, message: str) -> ValidationFailed:
+    where = f"stages.{stage.name}.{field}"
+    return ValidationFailed(f"Pipeline graph: {where}: {message}", detail={where: [message]})
