@@ -67,6 +67,7 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
         ("Deployments", "deployments:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Rollouts", "rollouts:list", Scope.DEPLOYMENTS_READ in scopes),
         ("Routing", "routing:routing", Scope.DEPLOYMENTS_READ in scopes),
+        ("Pipelines", "routing:pipelines", Scope.REGISTRY_READ in scopes),
         ("Costs", "billing:costs", Scope.BILLING_READ in scopes),
         ("Audit", "dashboard:audit", Scope.AUDIT_READ in scopes),
         ("Tenants", "dashboard:tenants", Scope.TENANTS_READ in scopes),

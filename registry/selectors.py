@@ -70,6 +70,18 @@ def model_named(ref: str) -> RegisteredModel | None:
     return RegisteredModel.objects.filter(owned_by(owner), name=name).select_related("owner").first()
 
 
+def stage_version(config: dict[str, str]) -> ModelVersion | None:
+    """The version a pipeline's model stage runs now: its pinned version, or where its alias points
+    (``config``: the parsed stage's model, and its version or alias)."""
+    model = model_named(config["model"])
+    if model is None:
+        return None
+    if "version" in config:
+        return model.versions.select_related("model__owner").filter(version=config["version"]).first()
+    alias = model.aliases.filter(name=config["alias"]).select_related("version__model__owner").first()
+    return alias.version if alias else None
+
+
 def pipelines_for(principal: Principal) -> QuerySet[Pipeline]:
     """Pipelines the principal may see: its tenants' own, and the platform's (the catalog) to any reader."""
     queryset = Pipeline.objects.select_related("owner")

@@ -1,5 +1,6 @@
 """The routing page: the route table (with each route's response cache, which a tenant's members may
-switch), endpoint health, the failover timeline and the what-if view."""
+switch), endpoint health, the failover timeline and the what-if view; and the pipeline pages (each
+stage's deployment, regions and health for a tenant)."""
 
 from django import forms
 from django.contrib import messages
@@ -12,7 +13,11 @@ from core.choices import Scope
 from core.principal import Principal
 from core.views import page
 from regions import selectors as region_selectors
+from registry import selectors as registry_selectors
+from registry.choices import PipelineStatus
+from registry.services import pipelines as pipeline_services
 from routing import selectors, services
+from routing.pipelines import pipeline_plan
 
 
 class ResponseCacheForm(forms.Form):
@@ -75,3 +80,61 @@ def response_cache(request: HttpRequest, p: Principal) -> HttpResponse:
             f"{tenant.slug}/{data['model']}: deterministic requests cached for {data['ttl_seconds']} s.",
         )
     return redirect("routing:routing")
+
+
+class PipelineTransitionForm(forms.Form):
+    version = forms.CharField(max_length=64)
+    to = forms.ChoiceField(choices=PipelineStatus.choices)
+    reason = forms.CharField(max_length=2000, required=False)
+
+
+@page
+def pipelines(request: HttpRequest, p: Principal) -> HttpResponse:
+    found = registry_selectors.pipelines_for(p).prefetch_related("versions")
+    return render(request, "routing/pipelines.html", {"pipelines": found})
+
+
+@page
+def pipeline_detail(request: HttpRequest, p: Principal, owner: str, name: str) -> HttpResponse:
+    """The pipeline's versions and, for its production (else newest) version, where each stage runs for
+    the owner tenant (a platform pipeline: for a tenant the viewer picks)."""
+    pipeline = registry_selectors.pipeline_get(p, owner, name)
+    versions = list(pipeline.versions.all())
+    shown = next(
+        (v for v in versions if v.status == PipelineStatus.PRODUCTION), versions[0] if versions else None
+    )
+    tenants = [pipeline.owner] if pipeline.owner else list(core_selectors.tenants_for(p, Scope.REGISTRY_READ))
+    tenant = next(
+        (t for t in tenants if t.slug == request.GET.get("tenant")), tenants[0] if tenants else None
+    )
+    table = selectors.current() or services.publish()
+    plan = pipeline_plan(tenant, shown, table.body) if shown and tenant else []
+    context = {
+        "pipeline": pipeline,
+        "versions": versions,
+        "shown": shown,
+        "tenants": tenants,
+        "tenant": tenant,
+        "plan": plan,
+        "servable": bool(plan) and not any(s.refusal for s in plan),
+        "may_promote": p.may(Scope.REGISTRY_PROMOTE, pipeline.owner_id),
+        "statuses": PipelineStatus.choices,
+    }
+    return render(request, "routing/pipeline.html", context)
+
+
+@require_POST
+@page
+def pipeline_transition(request: HttpRequest, p: Principal, owner: str, name: str) -> HttpResponse:
+    pipeline = registry_selectors.pipeline_get(p, owner, name)
+    form = PipelineTransitionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose a version and the status to move it to.")
+        return redirect("routing:pipeline", owner, name)
+    data = form.cleaned_data
+    version = registry_selectors.pipeline_version_get(pipeline, data["version"])
+    moved = pipeline_services.pipeline_version_transition(
+        actor=p, version=version, to=data["to"], reason=data["reason"]
+    )
+    messages.success(request, f"{moved} is now {moved.status}.")
+    return redirect("routing:pipeline", owner, name)

@@ -162,15 +162,12 @@ def _model_stage(owner: Tenant | None, stage: Stage) -> None:
 
 def _runs(model: RegisteredModel, stage: Stage) -> ModelVersion:
     """The version the stage runs today: its pinned version, or where its alias points."""
-    if "version" in stage.config:
-        found = model.versions.filter(version=stage.config["version"]).first()
-        if found is None:
-            raise _refused(stage, "version", f"{model.ref} has no version {stage.config['version']}")
+    found = selectors.stage_version(stage.config)
+    if found is not None:
         return found
-    alias = model.aliases.filter(name=stage.config["alias"]).select_related("version__model__owner").first()
-    if alias is None or alias.version is None:
-        raise _refused(stage, "alias", f"{model.ref}'s alias {stage.config['alias']} points at no version")
-    return alias.version
+    if "version" in stage.config:
+        raise _refused(stage, "version", f"{model.ref} has no version {stage.config['version']}")
+    raise _refused(stage, "alias", f"{model.ref}'s alias {stage.config['alias']} points at no version")
 
 
 def _whose(owner: Tenant | None) -> str:

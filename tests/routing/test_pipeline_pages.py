@@ -1,0 +1,122 @@
+"""The pipeline pages: each stage's deployment, regions and why it cannot run, for the owner tenant (a
+platform pipeline: for the tenant picked); promotion from the page; another tenant sees nothing."""
+
+import re
+from html import unescape
+
+import pytest
+
+from core.models import AuditEvent
+from regions.services.deployments import deployment_create
+from registry.services.models import model_register
+from registry.services.pipelines import pipeline_create, pipeline_version_create
+from routing.services import publish
+from tests.support.principals import principal
+from tests.support.regions import tiny_version, until_ready
+from tests.support.registry import advance, register
+
+PAGE = "/routing/pipelines/acme/support/"
+
+
+def _graph(http_jurisdiction: str = "EU") -> dict:
+    return {
+        "stages": [
+            {
+                "name": "facts",
+                "kind": "http",
+                "url": "https://facts.example.com/lookup",
+                "jurisdiction": http_jurisdiction,
+                "output": "text",
+                "input": "request.query",
+            },
+            {"name": "prompt", "kind": "template", "template": "Facts: {facts}", "input": {"facts": "facts"}},
+            {
+                "name": "answer",
+                "kind": "model",
+                "task": "chat",
+                "model": "acme/tiny-llama",
+                "input": "prompt",
+            },
+        ],
+        "output": "answer",
+        "budget_ms": 5000,
+    }
+
+
+@pytest.fixture
+def tiny(world, tiny_model_dir):
+    return tiny_version(principal(world.alice), tiny_model_dir, owner=world.tenant_a)
+
+
+@pytest.fixture
+def support(world, tiny):
+    alice = principal(world.alice)
+    pipeline = pipeline_create(actor=alice, owner=world.tenant_a, name="support")
+    pipeline_version_create(actor=alice, pipeline=pipeline, version="1.0.0", graph=_graph())
+    return pipeline
+
+
+def _stage_row(html: str, stage: str) -> str:
+    found = re.search(rf'<tr data-stage="{stage}">(.*?)</tr>', html, re.S)
+    assert found, stage
+    return unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", found.group(1))).strip())
+
+
+def test_the_page_shows_where_each_stage_runs_and_what_is_missing(world, client, support, tiny, make_region):
+    client.force_login(world.alice)
+    html = client.get(PAGE).content.decode()
+    assert "Not servable now" in html
+    assert _stage_row(html, "answer").endswith("no deployment of acme/tiny-llama@1.0.0 serves acme")
+    assert "https://facts.example.com/lookup (EU)" in _stage_row(html, "facts")
+    assert _stage_row(html, "prompt") == "prompt template the gateway — —"
+    make_region("eu-west-1", "EU")  # a simulator engine, really started
+    chat = deployment_create(
+        actor=principal(world.alice), owner=world.tenant_a, name="chat", model=tiny.model, version="1.0.0"
+    )
+    until_ready(chat)
+    publish()
+    html = client.get(PAGE).content.decode()
+    assert _stage_row(html, "answer") == "answer model deployment chat (acme/tiny-llama@1.0.0) eu-west-1 —"
+    assert "Every stage can run inside acme's residency now." in html
+
+
+def test_a_platform_pipeline_is_planned_for_the_tenant_picked(world, client):
+    ops = principal(world.operator)
+    platform = pipeline_create(actor=ops, owner=None, name="faq")
+    graph = _graph("US")
+    graph["stages"][2] = {
+        "name": "answer",
+        "kind": "model",
+        "task": "chat",
+        "model": "platform/qwen",
+        "input": "prompt",
+    }
+    qwen = model_register(actor=ops, owner=None, name="qwen", task="chat", visibility="catalog")
+    advance(register(qwen, ops, allowed_jurisdictions=["EU", "US"]), ops, "production")
+    pipeline_version_create(actor=ops, pipeline=platform, version="1", graph=graph)
+    client.force_login(world.operator)
+    acme = client.get("/routing/pipelines/platform/faq/?tenant=acme").content.decode()
+    assert "US is outside acme's residency policy (CH, EU)" in _stage_row(acme, "facts")
+    globex = client.get("/routing/pipelines/platform/faq/?tenant=globex").content.decode()
+    assert _stage_row(globex, "facts") == "facts http https://facts.example.com/lookup (US) — —"
+    client.force_login(world.bob)  # a tenant sees the catalog's pipeline, planned for itself only
+    mine = client.get("/routing/pipelines/platform/faq/?tenant=acme").content.decode()
+    assert "for globex" in mine and "outside acme" not in mine
+
+
+def test_promoting_from_the_page_and_another_tenant_sees_nothing(world, client, support):
+    client.force_login(world.bob)
+    assert "support" not in client.get("/routing/pipelines/").content.decode()
+    assert client.get(PAGE).status_code == 404
+    move = {"version": "1.0.0", "to": "production", "reason": "go"}
+    assert client.post(PAGE + "transition/", move).status_code == 404
+    client.force_login(world.vera)  # acme's viewer: may look, not promote
+    page = client.get(PAGE).content.decode()
+    assert "support" in page and 'id="transition-form"' not in page
+    assert client.post(PAGE + "transition/", move).status_code == 403
+    client.force_login(world.alice)
+    done = client.post(PAGE + "transition/", move, follow=True).content.decode()
+    assert "acme/support@1.0.0 is now production." in done
+    bad = client.post(PAGE + "transition/", {**move, "to": "everywhere"}, follow=True).content.decode()
+    assert "Choose a version and the status to move it to." in bad
+    assert AuditEvent.objects.filter(action="pipeline.version_transitioned").count() == 1
