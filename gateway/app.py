@@ -10,6 +10,7 @@ import secrets
 import time
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -35,6 +36,7 @@ from gateway.inbound import (
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition
 from gateway.mirror import MirrorCopy, Mirrors
+from gateway.pipelines import PipelineRun, StageFailed
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
@@ -171,6 +173,12 @@ class Gateway(App):
             return await reply.error(bad.status, bad.message, bad.code)
         name = payload["model"]
         route = view["models"].get(name)
+        pipeline = view.get("pipelines", {}).get(name) if route is None else None
+        if pipeline is not None:
+            if path != "/v1/chat/completions":
+                message = f"{name} is a pipeline: it answers /v1/chat/completions only."
+                return await reply.error(400, message, "invalid_request")
+            return await self._run_pipeline(scope, send, reply, tenant, name, pipeline, payload)
         if route is None:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
@@ -205,6 +213,64 @@ class Gateway(App):
         finally:
             # Its place in the tenant's requests in flight is free, its tokens count against the minute.
             await self.limits.finish(ticket, 0 if hit else spent_tokens(seen))
+
+    async def _run_pipeline(
+        self,
+        scope: dict[str, Any],
+        send: Any,
+        reply: Reply,
+        tenant: str,
+        name: str,
+        pipeline: contract.PipelineRoute,
+        payload: dict[str, Any],
+    ) -> None:
+        """Run the tenant's pipeline (gateway/pipelines.py); each model stage is a request of its own
+        through ``handle``, with the client's own credentials."""
+        assert self.session is not None
+        if "unavailable" in pipeline:
+            return await reply.error(
+                503, f"{name} cannot run now: {pipeline['unavailable']}.", "pipeline_unavailable"
+            )
+        run = PipelineRun(name, pipeline, payload, partial(self._stage_request, scope), self.session)
+        try:
+            await run.run(send)
+        except StageFailed as failed:
+            if not run.answering:
+                message = f"{name}: stage {failed.stage} failed: {failed.message}."
+                await reply.error(failed.status, message, failed.code)
+        finally:
+            for stage, (outcome, seconds) in run.took.items():
+                self.metrics.stage(tenant, name, stage, outcome, seconds)
+
+    async def _stage_request(
+        self, scope: dict[str, Any], path: str, body: dict[str, Any], send: Any | None
+    ) -> tuple[int, bytes]:
+        """A stage's request to a model, handled as a client's would be: the status, and the body when
+        ``send`` is None (else the response went to ``send``)."""
+        data = json.dumps(body).encode()
+        skip = {b"content-length", b"content-type"}
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in skip]
+        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+        inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"", "headers": headers}
+        status, kept = [0], list[bytes]()
+        delivered = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            if delivered.is_set():
+                await asyncio.Event().wait()  # no disconnect to report: the stage waits as long as it runs
+            delivered.set()
+            return {"type": "http.request", "body": data, "more_body": False}
+
+        async def answer(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            if send is not None:
+                await send(message)
+            elif message["type"] == "http.response.body":
+                kept.append(message.get("body", b""))
+
+        await self.handle(inner, receive, answer)
+        return status[0], b"".join(kept)
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any

@@ -108,11 +108,60 @@ class TenantLimits(TypedDict, total=False):
     concurrent_requests: int
 
 
+# The model tasks a gateway runs as pipeline stages (rerank and classify: not yet).
+PIPELINE_TASKS = ("chat", "completion", "embed")
+
+
+class StageWhen(TypedDict):
+    """A stage runs only when an earlier stage's label is one of ``labels`` (or none its siblings name)."""
+
+    stage: str
+    labels: list[str]
+    otherwise: bool
+
+
+class PipelineStage(TypedDict):
+    """One stage of a pipeline as a gateway runs it (the registry checked the graph: docs/pipelines.md).
+    ``inputs`` maps each parameter to its source: an earlier stage, ``request.messages`` or
+    ``request.query``. The kind's own fields are present for that kind only."""
+
+    name: str
+    kind: str  # model, http, retrieve, redact, template
+    inputs: dict[str, str]
+    output: str  # the type it gives: text, messages, vector, documents, label, json
+    timeout_ms: int | None
+    on_failure: str  # fail, or skip: pass on its input of its output's type instead
+    passes: NotRequired[str]  # skip: the source whose value it passes on
+    when: NotRequired[StageWhen]
+    route: NotRequired[str]  # model: the tenant's model name it calls, through the gateway's own routing
+    task: NotRequired[str]  # model: chat, completion, embed, rerank, classify
+    max_tokens: NotRequired[int]  # model
+    url: NotRequired[str]  # http
+    jurisdiction: NotRequired[str]  # http: where the service runs (inside the tenant's residency)
+    patterns: NotRequired[list[str]]  # redact: regular expressions
+    replacement: NotRequired[str]  # redact
+    template: NotRequired[str]  # template: a format string over the inputs
+    system: NotRequired[str]  # template: a system message ('' for none)
+
+
+class PipelineRoute(TypedDict):
+    """A tenant's pipeline in production: its stages in an order that runs each after its sources. No
+    ``stages`` and an ``unavailable`` reason (naming the stage) when a stage cannot run for this tenant
+    inside its residency now: the gateway answers 503 and runs nothing."""
+
+    version: str  # "acme/support-rag@1.0.0"
+    budget_ms: int
+    output: list[str]  # the answering stage, or alternatives of which exactly one runs
+    stages: list[PipelineStage]
+    unavailable: NotRequired[str]
+
+
 class TenantRoutes(TypedDict):
     limits: TenantLimits
     blocked: str  # why every new request is refused (a budget's hard limit); '' when it is not
     models: dict[str, Route]
     degraded: NotRequired[str]  # why requests go to fallbacks first (past the budget's degrade threshold)
+    pipelines: NotRequired[dict[str, PipelineRoute]]  # by the model name clients call it by
 
 
 class Credential(TypedDict):

@@ -79,6 +79,18 @@ class GatewayMetrics:
             registry=self.registry,
         )
 
+        self.stages = Histogram(
+            "gateway_pipeline_stage_duration_seconds",
+            "A pipeline stage's time, by how it ended (ok; skipped: it failed or overran and passed its "
+            "input on; failed); a model stage's tokens are in gateway_tokens under the model it called",
+            ["tenant", "pipeline", "stage", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def stage(self, tenant: str, pipeline: str, stage: str, outcome: str, seconds: float) -> None:
+        self.stages.labels(tenant, pipeline, stage, outcome).observe(seconds)
+
     def observe(self, record: contract.UsageRecord, priority: str) -> None:
         served = (record["tenant"], record["model_name"], record["region"], record["version"])
         key = (*served, priority, record["track"], record["status"])

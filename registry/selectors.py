@@ -17,6 +17,7 @@ from core.selectors import visible_tenant_ids
 from registry.choices import (
     SERVABLE_STATES,
     TENANT_DEPLOYABLE_STATES,
+    PipelineStatus,
     ReportOutcome,
     VersionStatus,
     Visibility,
@@ -92,6 +93,10 @@ def pipelines_for(principal: Principal) -> QuerySet[Pipeline]:
     if Scope.REGISTRY_READ in principal.all_scopes:
         visible |= Q(owner__isnull=True)
     return queryset.filter(visible)
+
+
+def pipelines_in_production() -> QuerySet[PipelineVersion]:
+    return PipelineVersion.objects.filter(status=PipelineStatus.PRODUCTION).select_related("pipeline__owner")
 
 
 def pipeline_get(principal: Principal, owner: str, name: str) -> Pipeline:

@@ -14,7 +14,7 @@ from regions.choices import DeploymentState
 from regions.models import Deployment
 from registry import selectors as registry_selectors
 from registry.models import PipelineVersion
-from registry.pipelines import Graph, Stage, parse_graph
+from registry.pipelines import REDACTIONS, Graph, Stage, parse_graph
 
 BUILT_IN = {"redact", "template"}
 
@@ -26,6 +26,7 @@ class StagePlan:
     serves: str  # what runs it: a deployment, a service and its jurisdiction, the gateway
     regions: tuple[str, ...] = ()  # a model stage's regions with an engine up, in the route's order
     refusal: str = ""  # why it cannot run for this tenant now ('' when it can)
+    route: str = ""  # a model stage: the tenant's model name the gateway calls for it
 
 
 def pipeline_plan(tenant: Tenant, version: PipelineVersion, table: contract.RouteTable) -> list[StagePlan]:
@@ -41,6 +42,8 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> St
     if stage.kind == "http":
         jurisdiction = stage.config["jurisdiction"]
         refusal = processing_refusal(residency_of(tenant), jurisdiction) or ""
+        if not refusal and "secret" in stage.config:
+            refusal = "gateways do not send secrets to http stages yet"
         return StagePlan(stage.name, stage.kind, f"{stage.config['url']} ({jurisdiction})", refusal=refusal)
     if stage.kind == "retrieve":
         return StagePlan(
@@ -53,6 +56,9 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> St
 
 
 def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> StagePlan:
+    if stage.config["task"] not in contract.PIPELINE_TASKS:
+        refusal = f"gateways do not run {stage.config['task']} stages yet"
+        return StagePlan(stage.name, stage.kind, stage.config["model"], refusal=refusal)
     version = registry_selectors.stage_version(stage.config)
     if version is None:
         return StagePlan(stage.name, stage.kind, stage.config["model"], refusal="no version to run")
@@ -65,9 +71,78 @@ def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route])
             continue
         regions = tuple(dict.fromkeys(e["region"] for e in route["endpoints"]))
         refusal = "" if regions else route.get("unavailable", "no engine is up")
-        return StagePlan(
-            stage.name, stage.kind, f"deployment {deployment.name} ({version})", regions, refusal
-        )
+        serves = f"deployment {deployment.name} ({version})"
+        return StagePlan(stage.name, stage.kind, serves, regions, refusal, route=deployment.name)
     return StagePlan(
         stage.name, stage.kind, str(version), refusal=f"no deployment of {version} serves {tenant.slug}"
     )
+
+
+def attach_pipelines(tenants: dict[str, contract.TenantRoutes]) -> None:
+    """Add each tenant's pipelines in production (its own, and the platform's catalog) to its view of the
+    route table, under the model name clients call them by. A name the tenant already calls a model by
+    stays the model's. A pipeline with a stage that cannot run for the tenant now is listed unavailable,
+    naming the stage: the gateway refuses it (503) and never spills a stage out of residency."""
+    by_slug = {t.slug: t for t in Tenant.objects.filter(slug__in=tenants)}
+    versions = list(registry_selectors.pipelines_in_production())
+    for slug, view in tenants.items():
+        tenant = by_slug.get(slug)
+        if tenant is None:
+            continue
+        mine = [v for v in versions if v.pipeline.owner_id in (None, tenant.pk)]
+        # The tenant's own pipeline of a name wins over the catalog's, as its own deployments do.
+        mine.sort(key=lambda v: v.pipeline.owner_id is not None)
+        routes = {
+            v.pipeline.name: _route(tenant, v, view) for v in mine if v.pipeline.name not in view["models"]
+        }
+        if routes:
+            view["pipelines"] = routes
+
+
+def _route(tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes) -> contract.PipelineRoute:
+    graph = parse_graph(version.graph)
+    plans = {p.stage: p for p in pipeline_plan(tenant, version, {"tenants": {tenant.slug: view}})}
+    route: contract.PipelineRoute = {
+        "version": str(version),
+        "budget_ms": graph.budget_ms,
+        "output": list(graph.output),
+        "stages": [],
+    }
+    refused = next((p for p in plans.values() if p.refusal), None)
+    if refused is not None:
+        route["unavailable"] = f"stage {refused.stage}: {refused.refusal}"
+        return route
+    route["stages"] = [_stage(stage, plans[stage.name]) for stage in graph.stages.values()]
+    return route
+
+
+def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
+    wire: contract.PipelineStage = {
+        "name": stage.name,
+        "kind": stage.kind,
+        "inputs": dict(stage.inputs),
+        "output": stage.output,
+        "timeout_ms": stage.timeout_ms,
+        "on_failure": stage.on_failure,
+    }
+    if stage.on_failure == "skip":
+        wire["passes"] = next(s for p, s in stage.inputs.items() if stage.input_types[p] == stage.output)
+    if stage.when is not None:
+        wire["when"] = {
+            "stage": stage.when.stage,
+            "labels": sorted(stage.when.labels),
+            "otherwise": stage.when.otherwise,
+        }
+    config = stage.config
+    if stage.kind == "model":
+        wire["route"], wire["task"] = plan.route, config["task"]
+        if "max_tokens" in config:
+            wire["max_tokens"] = config["max_tokens"]
+    elif stage.kind == "http":
+        wire["url"], wire["jurisdiction"] = config["url"], config["jurisdiction"]
+    elif stage.kind == "redact":
+        wire["patterns"] = [REDACTIONS[p] if isinstance(p, str) else p["regex"] for p in config["patterns"]]
+        wire["replacement"] = config["replacement"]
+    elif stage.kind == "template":
+        wire["template"], wire["system"] = config["template"], config["system"]
+    return wire

@@ -33,6 +33,7 @@ from routing.choices import (
     RoutingEventKind,
 )
 from routing.models import EndpointHealth, ResponseCachePolicy, RouteTable, RoutingEvent
+from routing.pipelines import attach_pipelines
 from routing.routes import route_table
 
 log = logging.getLogger(__name__)
@@ -105,8 +106,10 @@ def publish(now: datetime | None = None) -> RouteTable:
     """Compute the table as of ``now`` (default: the wall clock; budgets, prices and token expiry depend on
     it); write a new generation only if it changed, recording failovers and failbacks."""
     now = now or timezone.now()
+    tenants = route_table(selectors.policies(now), selectors.placements(now))
+    attach_pipelines(tenants)
     body: contract.RouteTable = {
-        "tenants": route_table(selectors.policies(now), selectors.placements(now)),
+        "tenants": tenants,
         "credentials": selectors.credentials(now),
         "cache_salts": selectors.cache_salts(),
     }

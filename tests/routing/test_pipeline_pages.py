@@ -9,7 +9,7 @@ import pytest
 from core.models import AuditEvent
 from regions.services.deployments import deployment_create
 from registry.services.models import model_register
-from registry.services.pipelines import pipeline_create, pipeline_version_create
+from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
 from routing.services import publish
 from tests.support.principals import principal
 from tests.support.regions import tiny_version, until_ready
@@ -120,3 +120,55 @@ def test_promoting_from_the_page_and_another_tenant_sees_nothing(world, client, 
     bad = client.post(PAGE + "transition/", {**move, "to": "everywhere"}, follow=True).content.decode()
     assert "Choose a version and the status to move it to." in bad
     assert AuditEvent.objects.filter(action="pipeline.version_transitioned").count() == 1
+
+
+def _view(slug: str) -> dict:
+    return publish().body["tenants"][slug]
+
+
+def test_the_route_table_carries_production_pipelines_resolved_for_each_tenant(
+    world, support, tiny, make_region
+):
+    alice, ops = principal(world.alice), principal(world.operator)
+    assert "pipelines" not in _view("acme")  # a draft is not served
+    pipeline_version_transition(actor=alice, version=support.versions.get(), to="production")
+    assert _view("acme")["pipelines"]["support"] == {
+        "version": "acme/support@1.0.0",
+        "budget_ms": 5000,
+        "output": ["answer"],
+        "stages": [],
+        "unavailable": "stage answer: no deployment of acme/tiny-llama@1.0.0 serves acme",
+    }
+    make_region("eu-west-1", "EU")
+    until_ready(
+        deployment_create(actor=alice, owner=world.tenant_a, name="chat", model=tiny.model, version="1.0.0")
+    )
+    served = _view("acme")["pipelines"]["support"]
+    assert "unavailable" not in served
+    assert [(s["name"], s.get("route")) for s in served["stages"]] == [
+        ("facts", None),
+        ("prompt", None),
+        ("answer", "chat"),
+    ]
+    assert served["stages"][0]["jurisdiction"] == "EU" and served["stages"][1]["template"] == "Facts: {facts}"
+    assert "pipelines" not in _view("globex")  # acme's pipeline is acme's alone
+
+    lookup = pipeline_create(actor=ops, owner=None, name="lookup")
+    only_http = {"stages": [_graph("US")["stages"][0]], "output": "facts", "budget_ms": 1000}
+    pipeline_version_transition(
+        actor=ops,
+        version=pipeline_version_create(actor=ops, pipeline=lookup, version="1", graph=only_http),
+        to="production",
+    )
+    assert _view("acme")["pipelines"]["lookup"]["unavailable"] == (
+        "stage facts: US is outside acme's residency policy (CH, EU)"
+    )
+    assert _view("globex")["pipelines"]["lookup"]["stages"][0]["url"] == "https://facts.example.com/lookup"
+    # A model name the tenant already calls stays the model's.
+    named = pipeline_create(actor=ops, owner=None, name="chat")
+    pipeline_version_transition(
+        actor=ops,
+        version=pipeline_version_create(actor=ops, pipeline=named, version="1", graph=only_http),
+        to="production",
+    )
+    assert "chat" not in _view("acme")["pipelines"] and "chat" in _view("globex")["pipelines"]

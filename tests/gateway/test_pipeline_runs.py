@@ -1,0 +1,219 @@
+"""Pipelines run by the gateway (in-process, a fake engine, real local HTTP services as the tenant's
+stages): stages in order, side by side where they can be, conditional routes, redaction before anything
+leaves, timeouts and the budget with their policies, and the answer streamed by its model."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+import pytest
+
+from tests.support.gateway_harness import reply, serve
+
+
+class Service:
+    """A tenant's service behind an http stage: answers {"output": answer(inputs)}, remembers what it got."""
+
+    def __init__(self, answer: Any, delay: float = 0.0, barrier: threading.Barrier | None = None):
+        self.got: list[dict[str, Any]] = []
+        self.answer, self.delay, self.barrier = answer, delay, barrier
+        self.url, self.server = serve(self._answer)
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        inputs = json.loads(body)["inputs"]
+        self.got.append(inputs)
+        if self.barrier is not None:
+            self.barrier.wait()  # returns only while the other stage's request is in flight too
+        time.sleep(self.delay)
+        reply(handler, 200, {"output": self.answer(inputs)})
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+def http(
+    name: str, service: Service, source: str | dict[str, str], output: str = "text", **more: Any
+) -> dict:
+    inputs = source if isinstance(source, dict) else {"input": source}
+    stage = {"name": name, "kind": "http", "inputs": inputs, "output": output, "timeout_ms": None}
+    return {**stage, "on_failure": "fail", "url": service.url, "jurisdiction": "EU", **more}
+
+
+def pipeline(*stages: dict, output: list[str] | None = None, budget_ms: int = 5000) -> dict:
+    return {
+        "version": "acme/support@1.0.0",
+        "budget_ms": budget_ms,
+        "output": output or [stages[-1]["name"]],
+        "stages": list(stages),
+    }
+
+
+REDACT = {
+    "name": "clean",
+    "kind": "redact",
+    "inputs": {"text": "request.query"},
+    "output": "text",
+    "timeout_ms": None,
+    "on_failure": "fail",
+    "patterns": [r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"],
+    "replacement": "[email]",
+}
+PROMPT = {
+    "name": "prompt",
+    "kind": "template",
+    "inputs": {"facts": "facts", "question": "clean"},
+    "output": "messages",
+    "timeout_ms": None,
+    "on_failure": "fail",
+    "template": "Facts: {facts}\nQuestion: {question}",
+    "system": "Answer from the facts.",
+}
+ANSWER = {
+    "name": "answer",
+    "kind": "model",
+    "inputs": {"messages": "prompt"},
+    "output": "text",
+    "timeout_ms": None,
+    "on_failure": "fail",
+    "route": "chat",
+    "task": "chat",
+}
+
+
+@pytest.fixture
+def services():
+    started: list[Service] = []
+
+    def start(*args: Any, **kwargs: Any) -> Service:
+        started.append(Service(*args, **kwargs))
+        return started[-1]
+
+    yield start
+    for service in started:
+        service.close()
+
+
+def offer(gw, name: str, route: dict) -> None:  # type: ignore[no-untyped-def]
+    gw.gateway.routes.body["tenants"]["acme"]["pipelines"] = {name: route}
+
+
+def ask(gw, question: str = "My mail is ann@example.com: what is the refund window?", **extra: Any):  # type: ignore[no-untyped-def]
+    return gw.chat(model="support", messages=[{"role": "user", "content": question}], **extra)
+
+
+def test_a_rag_pipeline_redacts_fetches_fills_the_prompt_and_streams_the_answer(gw, services):
+    facts = services(lambda inputs: f"refunds within 30 days ({inputs['input']})")
+    offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER))
+    answer = ask(gw, stream=True)
+    assert answer.status == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    assert answer.body.endswith(b"data: [DONE]\n\n")
+    assert facts.got == [{"input": "My mail is [email]: what is the refund window?"}]  # no address left
+    sent = gw.engine.seen[-1]["body"]
+    assert sent["stream"] is True and sent["messages"] == [
+        {"role": "system", "content": "Answer from the facts."},
+        {
+            "role": "user",
+            "content": "Facts: refunds within 30 days (My mail is [email]: what is the refund window?)\n"
+            "Question: My mail is [email]: what is the refund window?",
+        },
+    ]
+    assert gw.ship() == 1  # the model stage is metered as the request it is (the http stage: no engine)
+    metrics = gw.call("GET", "/metrics", tenant=None).body.decode()
+    for stage in ("clean", "facts", "prompt", "answer"):
+        labels = f'outcome="ok",pipeline="support",stage="{stage}",tenant="acme"'
+        assert f"gateway_pipeline_stage_duration_seconds_count{{{labels}}} 1.0" in metrics
+
+
+def test_stages_that_wait_for_nothing_run_side_by_side(gw, services):
+    both = threading.Barrier(2, timeout=5)  # each service answers only while the other is asked too
+    faq, manual = services(lambda i: "faq", barrier=both), services(lambda i: "manual", barrier=both)
+    prompt = {**PROMPT, "inputs": {"facts": "faq", "question": "manual"}}
+    offer(
+        gw,
+        "support",
+        pipeline(http("faq", faq, "request.query"), http("manual", manual, "request.query"), prompt, ANSWER),
+    )
+    assert ask(gw).status == 200
+    assert gw.engine.seen[-1]["body"]["messages"][-1]["content"] == "Facts: faq\nQuestion: manual"
+
+
+def test_a_label_chooses_the_answering_stage(gw, services):
+    router = services(lambda i: "billing" if "refund" in i["input"] else "other")
+    billing, general = services(lambda i: "billing team answer"), services(lambda i: "general answer")
+    route = pipeline(
+        http("topic", router, "request.query", output="label"),
+        http(
+            "billing",
+            billing,
+            "request.query",
+            when={"stage": "topic", "labels": ["billing"], "otherwise": False},
+        ),
+        http("general", general, "request.query", when={"stage": "topic", "labels": [], "otherwise": True}),
+        output=["billing", "general"],
+    )
+    offer(gw, "support", route)
+    first = ask(gw)
+    assert first.status == 200 and first.json()["choices"][0]["message"]["content"] == "billing team answer"
+    second = ask(gw, question="hello")
+    assert second.json()["choices"][0]["message"]["content"] == "general answer"
+    assert (len(billing.got), len(general.got)) == (1, 1)
+    streamed = ask(gw, question="hello", stream=True)
+    assert streamed.body.startswith(b"data: ") and streamed.body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_stage_that_overruns_fails_the_request_or_is_skipped_by_policy(gw, services):
+    slow = services(lambda i: "late facts", delay=1.0)
+    stages = [REDACT, http("facts", slow, "clean", timeout_ms=200), PROMPT, ANSWER]
+    offer(gw, "support", pipeline(*stages))
+    failed = ask(gw)
+    assert failed.status == 504 and failed.json()["error"]["code"] == "pipeline_timeout"
+    assert "support: stage facts failed: it took longer than 200 ms" in failed.json()["error"]["message"]
+    assert gw.engine.seen == []  # the answer never ran
+    stages[1] = http("facts", slow, "clean", timeout_ms=200, on_failure="skip", passes="clean")
+    offer(gw, "support", pipeline(*stages))
+    skipped = ask(gw)
+    assert skipped.status == 200  # the question itself stood in for the facts
+    assert gw.engine.seen[-1]["body"]["messages"][-1]["content"].startswith("Facts: My mail is [email]")
+    metrics = gw.call("GET", "/metrics", tenant=None).body.decode()
+    assert 'outcome="skipped",pipeline="support",stage="facts"' in metrics
+    assert 'outcome="failed",pipeline="support",stage="facts"' in metrics  # the first, failed request
+
+
+def test_the_budget_bounds_the_whole_graph(gw, services):
+    slow = services(lambda i: "late", delay=1.0)
+    offer(gw, "support", pipeline(REDACT, http("facts", slow, "clean"), PROMPT, ANSWER, budget_ms=300))
+    answer = ask(gw)
+    assert answer.status == 504 and "took longer than 300 ms" in answer.json()["error"]["message"]
+
+
+def test_a_failing_service_names_its_stage(gw, services):
+    broken = services(lambda i: 1 / 0)  # the handler raises: the connection closes unanswered
+    offer(gw, "support", pipeline(REDACT, http("facts", broken, "clean", timeout_ms=2000), PROMPT, ANSWER))
+    answer = ask(gw)
+    assert answer.status == 502 and "stage facts failed" in answer.json()["error"]["message"]
+
+
+def test_an_unavailable_pipeline_is_refused_and_runs_nothing(gw, services):
+    facts = services(lambda i: "x")
+    route = pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER)
+    route["unavailable"], route["stages"] = "stage facts: US is outside acme's residency policy (EU)", []
+    offer(gw, "support", route)
+    answer = ask(gw)
+    assert answer.status == 503 and answer.json()["error"]["code"] == "pipeline_unavailable"
+    assert "stage facts: US is outside acme's residency policy" in answer.json()["error"]["message"]
+    assert facts.got == [] and gw.engine.seen == []
+
+
+def test_another_tenant_cannot_call_it_and_other_endpoints_refuse_it(gw, services):
+    facts = services(lambda i: "x")
+    offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER))
+    other = gw.chat(tenant="globex", model="support")
+    assert other.status == 404 and other.json()["error"]["code"] == "model_not_found"
+    completion = gw.call("POST", "/v1/completions", {"model": "support", "prompt": "hi"})
+    assert (
+        completion.status == 400
+        and "answers /v1/chat/completions only" in completion.json()["error"]["message"]
+    )
+    assert facts.got == []
