@@ -1,0 +1,154 @@
+"""A pipeline end to end on real processes: the live control plane publishes it, the gateway (its own
+process) runs it over engines in two EU regions (an embedding model and the chat model, each its own
+deployment) and the tenant's own retriever; each model stage is routed, metered and failed over on its
+own."""
+
+import json
+
+import pytest
+import requests
+
+from billing.models import UsageRecord
+from regions.models import Deployment
+from regions.services.deployments import deployment_create
+from registry.services.models import model_register
+from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
+from routing import health, services
+from tests.gateway.test_pipeline_runs import Service
+from tests.support.gateway import kill_engines
+from tests.support.principals import principal
+from tests.support.processes import wait_for
+from tests.support.regions import TINY_ENGINE_ARGS, converge
+from tests.support.registry import advance, register
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _embedder(world, tiny_model_dir) -> Deployment:  # type: ignore[no-untyped-def]
+    """acme's embedding model (the tiny weights, served for embeddings) deployed in both EU regions."""
+    alice = principal(world.alice)
+    model = model_register(actor=alice, owner=world.tenant_a, name="tiny-embed", task="embedding")
+    version = register(
+        model,
+        alice,
+        "1.0.0",
+        artifact_uri=f"file://{tiny_model_dir}",
+        served_model_name="tiny-embed",
+        parameter_count=3_000_000,
+        dtype="float32",
+        max_context_length=512,
+        engine_args=TINY_ENGINE_ARGS,
+        architecture={
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "head_dim": 64,
+        },
+        allowed_jurisdictions=["EU"],
+        artifact_manifest=[],
+    )
+    advance(version, alice, "production")
+    deployment = deployment_create(
+        actor=alice,
+        owner=world.tenant_a,
+        name="embedder",
+        model=model,
+        version="1.0.0",
+        regions=["eu-west-1", "eu-central-1"],
+        min_regions=2,
+    )
+
+    def ready() -> bool:
+        converge(deployment)
+        return deployment.targets.filter(status="ready").count() == 2
+
+    wait_for(ready, timeout=60, interval=0.3)
+    return deployment
+
+
+GRAPH = {
+    "stages": [
+        {"name": "clean", "kind": "redact", "input": "request.query", "patterns": ["email"]},
+        {"name": "vec", "kind": "model", "task": "embed", "model": "acme/tiny-embed", "input": "clean"},
+        {
+            "name": "search",
+            "kind": "http",
+            "url": "",  # the retriever's, set by the test
+            "jurisdiction": "EU",
+            "output": "documents",
+            "input": {"vector": "vec", "query": "clean"},
+            "timeout_ms": 2000,
+        },
+        {
+            "name": "prompt",
+            "kind": "template",
+            "template": "Documents:\n{docs}\n\nQuestion: {question}",
+            "input": {"docs": "search", "question": "clean"},
+        },
+        {
+            "name": "answer",
+            "kind": "model",
+            "task": "chat",
+            "model": "platform/tiny-llama",
+            "input": "prompt",
+        },
+    ],
+    "output": "answer",
+    "budget_ms": 20000,
+}
+
+
+def test_a_rag_pipeline_runs_on_real_engines_and_a_failing_region_moves_only_its_stage(
+    world, fleet, tiny_model_dir
+):
+    gateway, alice = fleet["gateway"], fleet["tokens"]["alice"]
+    embedder = _embedder(world, tiny_model_dir)
+    retriever = Service(lambda inputs: [{"text": f"refunds within 30 days ({len(inputs['vector'])} dims)"}])
+    try:
+        graph = json.loads(json.dumps(GRAPH))
+        graph["stages"][2]["url"] = retriever.url
+        actor = principal(world.alice)
+        support = pipeline_create(actor=actor, owner=world.tenant_a, name="support")
+        version = pipeline_version_create(actor=actor, pipeline=support, version="1.0.0", graph=graph)
+        pipeline_version_transition(actor=actor, version=version, to="production")
+        health.cycle()
+        generation = services.publish().generation
+        wait_for(lambda: gateway.generation() >= generation, timeout=10)
+
+        def ask() -> tuple[dict, list[bytes]]:  # type: ignore[type-arg]
+            with requests.post(
+                f"{gateway.url}/v1/chat/completions",
+                json={
+                    "model": "support",
+                    "messages": [{"role": "user", "content": "I am ann@example.com. Refund window?"}],
+                    "max_tokens": 8,
+                    "stream": True,
+                },
+                headers={"Authorization": f"Bearer {alice}"},
+                stream=True,
+                timeout=30,
+            ) as answer:
+                assert answer.status_code == 200, answer.text
+                return dict(answer.headers), [x for x in answer.iter_lines() if x.startswith(b"data: ")]
+
+        headers, events = ask()
+        assert len(events) > 2 and events[-1] == b"data: [DONE]"
+        assert headers["x-served-region"] == "eu-west-1"  # acme's home, for the answer
+        (got,) = retriever.got
+        assert got["query"] == "I am [redacted]. Refund window?"  # the address never left the gateway
+        assert len(got["vector"]) == 8  # the embedding engine's answer (the simulator's: 8 dimensions)
+        wait_for(lambda: UsageRecord.objects.count() == 2, timeout=20)
+        served = dict(UsageRecord.objects.values_list("model_name", "region"))
+        assert served == {"embedder": "eu-west-1", "chat": "eu-west-1"}  # one record per model stage
+
+        kill_engines(fleet["regions"]["eu-west-1"], embedder)  # only the embedder's engines there
+        ask()
+        wait_for(lambda: UsageRecord.objects.count() == 4, timeout=20)
+        latest = UsageRecord.objects.order_by("-started_at")[:2]
+        moved = {r.model_name: r.region for r in latest}
+        assert moved == {"embedder": "eu-central-1", "chat": "eu-west-1"}
+        metrics = requests.get(f"{gateway.url}/metrics", timeout=5).text
+        vec = 'outcome="ok",pipeline="support",stage="vec",tenant="acme"'
+        assert f"gateway_pipeline_stage_duration_seconds_count{{{vec}}} 2.0" in metrics
+    finally:
+        retriever.close()
