@@ -40,6 +40,7 @@ from gateway.pipelines import PipelineRun, StageFailed
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
+from gateway.retrieval import Indexes
 from gateway.streaming import EventFilter
 from gateway.tracing import Tracing, trace_id, upstream_headers
 from gateway.tracing import finish as finish_span
@@ -82,6 +83,7 @@ class Gateway(App):
         )
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
+        self.indexes = Indexes(settings)
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
         # client's record names only the endpoint that answered, so this is where such failures show.
         self.candidate_failures = 0
@@ -231,7 +233,8 @@ class Gateway(App):
             return await reply.error(
                 503, f"{name} cannot run now: {pipeline['unavailable']}.", "pipeline_unavailable"
             )
-        run = PipelineRun(name, pipeline, payload, partial(self._stage_request, scope), self.session)
+        call = partial(self._stage_request, scope)
+        run = PipelineRun(name, pipeline, payload, call, self.session, tenant, self.indexes)
         try:
             await run.run(send)
         except StageFailed as failed:

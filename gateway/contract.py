@@ -142,6 +142,23 @@ class PipelineStage(TypedDict):
     replacement: NotRequired[str]  # redact
     template: NotRequired[str]  # template: a format string over the inputs
     system: NotRequired[str]  # template: a system message ('' for none)
+    index: NotRequired[str]  # retrieve: the calling tenant's index
+    revision: NotRequired[int]  # retrieve: the index's revision when the table was published
+    top_k: NotRequired[int]  # retrieve
+
+
+class IndexDocument(TypedDict):
+    key: str
+    text: str
+    vector: list[float]
+
+
+class RetrievalIndex(TypedDict):
+    """``GET /api/v1/routing/indexes/<tenant>/<name>/``: a tenant's index as gateways search it."""
+
+    revision: int
+    dimensions: int
+    documents: list[IndexDocument]
 
 
 class PipelineRoute(TypedDict):

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from gateway import contract
+from gateway.retrieval import Indexes
 
 # How a model stage's task is asked of an engine, and what of its answer flows on.
 TASK_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embed": "/v1/embeddings"}
@@ -55,10 +56,12 @@ class PipelineRun:
         payload: dict[str, Any],
         call: Call,
         session: aiohttp.ClientSession,
+        tenant: str,
+        indexes: Indexes,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.name, self.route, self.payload, self.call = name, route, payload, call
-        self.session, self.clock = session, clock
+        self.session, self.tenant, self.indexes, self.clock = session, tenant, indexes, clock
         self.deadline = clock() + route["budget_ms"] / 1000
         messages = payload.get("messages")
         self.values: dict[str, Any] = {
@@ -145,6 +148,11 @@ class PipelineRun:
             return _redact(stage, next(iter(inputs.values())))
         if kind == "http":
             return await self._http(stage, inputs)
+        if kind == "retrieve":
+            found = await self.indexes.search(
+                self.session, self.tenant, stage["index"], stage["revision"], inputs["vector"], stage["top_k"]
+            )
+            return found
         status, body = await self.call(TASK_PATHS[stage["task"]], self._model_body(stage, inputs), None)
         if status != 200:
             raise StageFailed(stage["name"], 502, f"its model answered {status}: {_error_text(body)}")

@@ -11,6 +11,7 @@ from regions.choices import DeploymentState, DriverKind, RegionStatus, TargetRol
 from regions.drivers.base import WorkloadSpec
 from regions.engine_keys import DEPLOYMENT_LABEL, key_fingerprint
 from regions.models import Deployment, DeploymentTarget, GpuPool
+from registry.choices import POOLING_TASKS
 from registry.models import ModelVersion
 from registry.selectors import version_files
 
@@ -86,6 +87,12 @@ def model_files(version: ModelVersion) -> list[list[str]]:
     return [[f.path, f.sha256] for f in version_files(version)]
 
 
+def runner_args(deployment: Deployment) -> dict[str, str]:
+    """An embedding, reranking or classification model runs on vLLM's pooling runner (every version of a
+    deployment is of its model)."""
+    return {"runner": "pooling"} if deployment.model.task in POOLING_TASKS else {}
+
+
 def workload_spec(target: DeploymentTarget, inputs: SpecInputs | None = None) -> WorkloadSpec:
     """What the target should run. ``inputs``: fetched for a whole pass (``spec_inputs``), else now."""
     inputs = inputs or spec_inputs([target])
@@ -104,7 +111,7 @@ def workload_spec(target: DeploymentTarget, inputs: SpecInputs | None = None) ->
         served_model_name=version.served_model_name,
         model_uri=version.artifact_uri,
         runtime_image=version.runtime_image,
-        engine_args={**version.engine_args, **deployment.engine_overrides},
+        engine_args={**runner_args(deployment), **version.engine_args, **deployment.engine_overrides},
         gpu_type=deployment.gpu_type,
         gpu_count=deployment.gpu_count,
         model_store=dict(target.region.object_store),

@@ -10,6 +10,10 @@ class ModelTask(models.TextChoices):
     CLASSIFICATION = "classification", "Classification"
 
 
+# Models vLLM serves with its pooling runner (embeddings, scores, labels), not generation.
+POOLING_TASKS = frozenset({ModelTask.EMBEDDING, ModelTask.RERANKING, ModelTask.CLASSIFICATION})
+
+
 class PipelineStatus(models.TextChoices):
     DRAFT = "draft", "Draft"
     PRODUCTION = "production", "Production"

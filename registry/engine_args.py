@@ -95,6 +95,8 @@ ENGINE_ARGS: dict[str, ArgSpec] = {
     "tokenizer_mode": ArgSpec(str, "tokenizer implementation", choices=("auto", "slow", "mistral")),
     "swap_space": ArgSpec(float, "CPU swap space per GPU in GiB", 0, 1024),
     "max_logprobs": ArgSpec(int, "log-probabilities returned at most", 0, 1000),
+    # Set for embedding, reranking and classification models by the platform (their model's task).
+    "runner": ArgSpec(str, "what the engine runs the model for", choices=("auto", "generate", "pooling")),
 }
 
 

@@ -282,3 +282,39 @@ class PipelineVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pipeline.ref}@{self.version}"
+
+
+class RetrievalIndex(models.Model):
+    """A tenant's small vector index, searched by its pipelines' ``retrieve`` stages (in the gateways). The
+    tenant fills it through the API with documents and their vectors, embedded by the same model as its
+    pipeline's embedding stage. ``revision`` moves on every change, so gateways know to fetch it again."""
+
+    owner = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    name = models.SlugField(max_length=63)
+    dimensions = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    revision = models.PositiveIntegerField(default=0)
+    created_by_name = models.CharField(max_length=200)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="index_unique_name_per_owner")]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.owner.slug}/{self.name}"
+
+
+class IndexDocument(models.Model):
+    """One document of an index: the tenant's key for it, its text (what a prompt is given) and vector."""
+
+    index = models.ForeignKey(RetrievalIndex, on_delete=models.CASCADE, related_name="documents")
+    key = models.CharField(max_length=200)
+    text = models.TextField(max_length=20_000)
+    vector = models.JSONField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["index", "key"], name="document_unique_key_per_index")]
+        ordering = ["key"]
+
+    def __str__(self) -> str:
+        return f"{self.index}:{self.key}"

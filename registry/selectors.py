@@ -29,6 +29,7 @@ from registry.models import (
     Pipeline,
     PipelineVersion,
     RegisteredModel,
+    RetrievalIndex,
     ValidationReport,
 )
 
@@ -93,6 +94,25 @@ def pipelines_for(principal: Principal) -> QuerySet[Pipeline]:
     if Scope.REGISTRY_READ in principal.all_scopes:
         visible |= Q(owner__isnull=True)
     return queryset.filter(visible)
+
+
+def indexes_for(principal: Principal) -> QuerySet[RetrievalIndex]:
+    owners = visible_tenant_ids(principal, Scope.REGISTRY_READ)
+    queryset = RetrievalIndex.objects.select_related("owner")
+    return queryset if owners is None else queryset.filter(owner_id__in=owners)
+
+
+def index_get(principal: Principal, owner: str, name: str) -> RetrievalIndex:
+    index = indexes_for(principal).filter(owner__slug=owner, name=name).first()
+    if index is None:
+        raise NotFound(f"No index '{owner}/{name}'.")
+    return index
+
+
+def tenant_index(tenant: Tenant, name: str) -> RetrievalIndex | None:
+    """The tenant's own index of that name: what its pipelines' retrieve stages search (a platform
+    pipeline's too: each tenant's documents stay its own)."""
+    return RetrievalIndex.objects.filter(owner=tenant, name=name).first()
 
 
 def pipelines_in_production() -> QuerySet[PipelineVersion]:

@@ -27,6 +27,7 @@ class StagePlan:
     regions: tuple[str, ...] = ()  # a model stage's regions with an engine up, in the route's order
     refusal: str = ""  # why it cannot run for this tenant now ('' when it can)
     route: str = ""  # a model stage: the tenant's model name the gateway calls for it
+    revision: int = 0  # a retrieve stage: its index's revision
 
 
 def pipeline_plan(tenant: Tenant, version: PipelineVersion, table: contract.RouteTable) -> list[StagePlan]:
@@ -145,4 +146,6 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
         wire["replacement"] = config["replacement"]
     elif stage.kind == "template":
         wire["template"], wire["system"] = config["template"], config["system"]
+    elif stage.kind == "retrieve":
+        wire["index"], wire["top_k"], wire["revision"] = config["index"], config["top_k"], plan.revision
     return wire

@@ -14,6 +14,7 @@ from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
 from billing.selectors import over_budget, past_degrade_threshold
 from core.choices import AuditSource, Scope, TenantStatus
+from core.errors import NotFound
 from core.models import ApiToken, Tenant
 from core.principal import Principal
 from core.residency import weights_of
@@ -25,6 +26,7 @@ from regions.models import DeploymentTarget, Region
 from regions.selectors import deployments_for
 from regions.workloads import target_version
 from registry.choices import VersionStatus
+from registry.models import RetrievalIndex
 from routing.choices import Health, RoutingEventKind
 from routing.models import EndpointHealth, ResponseCachePolicy, RouteTable, RoutingEvent
 from routing.routes import Endpoint, Placement, TenantPolicy, route_table
@@ -349,3 +351,11 @@ def with_engine_keys(body: contract.RouteTable) -> contract.RouteTable:
 def engine_keys_tag() -> str:
     """Names the engine keys' generation (the root they derive from) without giving them away."""
     return key_fingerprint(0)[:8]
+
+
+def index_for_gateways(tenant: str, name: str) -> contract.RetrievalIndex:
+    found = RetrievalIndex.objects.filter(owner__slug=tenant, name=name).first()
+    if found is None:
+        raise NotFound(f"No index '{tenant}/{name}'.")
+    documents: list[Any] = list(found.documents.order_by("pk").values("key", "text", "vector"))
+    return {"revision": found.revision, "dimensions": found.dimensions, "documents": documents}

@@ -22,6 +22,7 @@ from registry.models import (
     Pipeline,
     PipelineVersion,
     RegisteredModel,
+    RetrievalIndex,
     ValidationReport,
     VersionTransition,
 )
@@ -252,3 +253,32 @@ class PipelineGraphSerializer(StrictSerializer):
 class PipelineTransitionSerializer(StrictSerializer):
     to = serializers.ChoiceField(PipelineStatus.choices)
     reason = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class IndexSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.slug", read_only=True)
+    documents = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RetrievalIndex
+        fields = ["owner", "name", "dimensions", "revision", "documents", "created_by_name", "created_at"]
+        read_only_fields = fields
+
+    def get_documents(self, index: RetrievalIndex) -> int:
+        return index.documents.count()
+
+
+class IndexWriteSerializer(StrictSerializer):
+    owner = serializers.SlugField(max_length=50)
+    name = serializers.SlugField(max_length=63)
+    dimensions = serializers.IntegerField(min_value=1, max_value=4096)
+
+
+class DocumentSerializer(StrictSerializer):
+    key = serializers.CharField(max_length=200)
+    text = serializers.CharField(max_length=20_000)
+    vector = serializers.ListField(max_length=4096, help_text="its numbers (checked against the index)")
+
+
+class DocumentsWriteSerializer(StrictSerializer):
+    documents = DocumentSerializer(many=True)

@@ -19,8 +19,8 @@ from registry import selectors
 from registry.api import serializers as s
 from registry.diff import lineage, version_diff
 from registry.engine_args import ENGINE_ARGS, vllm_available
-from registry.models import ModelVersion, Pipeline, PipelineVersion, RegisteredModel
-from registry.services import lifecycle, models, pipelines, reports, versions
+from registry.models import ModelVersion, Pipeline, PipelineVersion, RegisteredModel, RetrievalIndex
+from registry.services import indexes, lifecycle, models, pipelines, reports, versions
 
 
 class ModelScoped(PrincipalMixin):
@@ -359,3 +359,56 @@ class PipelineTransitionView(PipelineScoped):
             actor=self.principal, version=found, **data.validated_data
         )
         return Response(s.PipelineVersionSerializer(moved).data)
+
+
+class IndexListView(PrincipalMixin, generics.ListAPIView):
+    serializer_class = s.IndexSerializer
+
+    def get_queryset(self) -> Any:
+        if getattr(self, "swagger_fake_view", False):
+            return RetrievalIndex.objects.none()
+        return selectors.indexes_for(self.principal)
+
+    @extend_schema(request=s.IndexWriteSerializer, responses={201: s.IndexSerializer, **ERRORS})
+    @idempotent
+    def post(self, request: Request) -> Response:
+        data = s.IndexWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = dict(data.validated_data)
+        owner = core_selectors.tenant_get(self.principal, fields.pop("owner"), None)
+        created = indexes.index_create(actor=self.principal, owner=owner, **fields)
+        return Response(s.IndexSerializer(created).data, status=201)
+
+
+class IndexDetailView(PrincipalMixin):
+    @extend_schema(responses={200: s.IndexSerializer, **ERRORS})
+    def get(self, request: Request, owner: str, name: str) -> Response:
+        return Response(s.IndexSerializer(selectors.index_get(self.principal, owner, name)).data)
+
+
+class IndexDocumentsView(PrincipalMixin):
+    @extend_schema(responses={200: dict, **ERRORS})
+    def get(self, request: Request, owner: str, name: str) -> Response:
+        """The index's documents (keys and texts; vectors are not listed)."""
+        index = selectors.index_get(self.principal, owner, name)
+        return Response(
+            {"revision": index.revision, "documents": list(index.documents.values("key", "text"))}
+        )
+
+    @extend_schema(request=s.DocumentsWriteSerializer, responses={200: dict, **ERRORS})
+    def put(self, request: Request, owner: str, name: str) -> Response:
+        """Add or replace documents by key, all or none."""
+        index = selectors.index_get(self.principal, owner, name)
+        data = s.DocumentsWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        documents = [dict(d) for d in data.validated_data["documents"]]
+        revision = indexes.documents_put(actor=self.principal, index=index, documents=documents)
+        return Response({"revision": revision, "documents": index.documents.count()})
+
+
+class IndexDocumentView(PrincipalMixin):
+    @extend_schema(responses={204: None, **ERRORS})
+    def delete(self, request: Request, owner: str, name: str, key: str) -> Response:
+        index = selectors.index_get(self.principal, owner, name)
+        indexes.document_delete(actor=self.principal, index=index, key=key)
+        return Response(status=204)

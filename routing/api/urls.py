@@ -7,6 +7,7 @@ app_name = "routing-api"
 urlpatterns = [
     path("routing/table/", views.RouteTableView.as_view(), name="table"),
     path("routing/gateway-config/", views.GatewayConfigView.as_view(), name="gateway-config"),
+    path("routing/indexes/<slug:tenant>/<slug:name>/", views.GatewayIndexView.as_view(), name="index"),
     path("routing/export/nginx/", views.NginxExportView.as_view(), name="export-nginx"),
     path("routing/export/envoy/", views.EnvoyExportView.as_view(), name="export-envoy"),
     path("routing/export/gateway-api/", views.GatewayApiExportView.as_view(), name="export-gateway-api"),

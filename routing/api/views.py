@@ -89,6 +89,16 @@ class GatewayConfigView(PrincipalMixin):
         return _conditional(request, etag, config)
 
 
+class GatewayIndexView(PrincipalMixin):
+    @extend_schema(responses={200: dict, **ERRORS})
+    def get(self, request: Request, tenant: str, name: str) -> Response:
+        """A tenant's retrieval index as gateways search it: its documents with their vectors
+        (``gateway:sync``; the route table names each index's revision)."""
+        self.principal.require(Scope.GATEWAY_SYNC)
+        index = selectors.index_for_gateways(tenant, name)
+        return Response(index)
+
+
 class NginxExportView(PrincipalMixin):
     @extend_schema(responses={(200, "text/plain"): str})
     def get(self, request: Request) -> Response:

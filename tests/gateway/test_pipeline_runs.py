@@ -217,3 +217,59 @@ def test_another_tenant_cannot_call_it_and_other_endpoints_refuse_it(gw, service
         and "answers /v1/chat/completions only" in completion.json()["error"]["message"]
     )
     assert facts.got == []
+
+
+def test_a_retrieve_stage_searches_the_tenants_index_by_cosine_and_refetches_a_newer_revision(gw, services):
+    gw.control.indexes["acme/handbook"] = {
+        "revision": 1,
+        "dimensions": 3,
+        "documents": [
+            {"key": "refunds", "text": "Refunds take 30 days.", "vector": [1.0, 0.0, 0.0]},
+            {"key": "shipping", "text": "Shipping takes 2 days.", "vector": [0.0, 1.0, 0.0]},
+            {"key": "returns", "text": "Returns need a receipt.", "vector": [0.9, 0.0, 0.5]},
+        ],
+    }
+    embed = services(lambda i: [10.0, 0.5, 0.0])  # stands in for an embedding model: near "refunds"
+    search = {
+        "name": "search",
+        "kind": "retrieve",
+        "inputs": {"vector": "vec"},
+        "output": "documents",
+        "timeout_ms": None,
+        "on_failure": "fail",
+        "index": "handbook",
+        "top_k": 2,
+        "revision": 1,
+    }
+    prompt = {**PROMPT, "inputs": {"facts": "search", "question": "request.query"}}
+    offer(
+        gw, "support", pipeline(http("vec", embed, "request.query", output="vector"), search, prompt, ANSWER)
+    )
+    assert ask(gw, question="refund?").status == 200
+    sent = gw.engine.seen[-1]["body"]["messages"][-1]["content"]
+    assert sent == "Facts: [1] Refunds take 30 days.\n[2] Returns need a receipt.\nQuestion: refund?"
+    assert ask(gw, question="again").status == 200 and gw.control.index_fetches == 1  # held in memory
+    gw.control.indexes["acme/handbook"]["documents"][0]["text"] = "Refunds take 14 days now."
+    gw.control.indexes["acme/handbook"]["revision"] = 2
+    offer(
+        gw,
+        "support",
+        pipeline(
+            http("vec", embed, "request.query", output="vector"), {**search, "revision": 2}, prompt, ANSWER
+        ),
+    )
+    ask(gw)
+    assert (
+        gw.control.index_fetches == 2
+        and "Refunds take 14 days now." in gw.engine.seen[-1]["body"]["messages"][-1]["content"]
+    )
+    wrong = services(lambda i: [1.0, 0.0])  # two dimensions for a three-dimension index
+    offer(
+        gw,
+        "support",
+        pipeline(
+            http("vec", wrong, "request.query", output="vector"), {**search, "revision": 2}, prompt, ANSWER
+        ),
+    )
+    failed = ask(gw)
+    assert failed.status == 502 and "stage search failed" in failed.json()["error"]["message"]

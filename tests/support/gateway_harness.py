@@ -131,6 +131,8 @@ class FakeControlPlane:
     lose_replies: bool = False  # store the batch, then answer 503 (the reply lost on the way back)
     batches: int = 0
     activations: list[dict[str, Any]] = field(default_factory=list)  # bodies of POST .../activations/
+    indexes: dict[str, dict[str, Any]] = field(default_factory=dict)  # "acme/handbook" → the index
+    index_fetches: int = 0
     url: str = ""
 
     def start(self) -> "FakeControlPlane":
@@ -140,6 +142,10 @@ class FakeControlPlane:
     def answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         if self.down:
             return reply(handler, 503, {"error": {"message": "down"}})
+        if handler.path.startswith("/api/v1/routing/indexes/"):
+            self.index_fetches += 1
+            found = self.indexes.get(handler.path.removeprefix("/api/v1/routing/indexes/").strip("/"))
+            return reply(handler, 200, found) if found else reply(handler, 404, {"error": {"message": "no"}})
         if handler.path.startswith("/api/v1/routing/activations/"):
             self.activations.append(json.loads(body))
             return reply(handler, 202, {"deployment": 1, "region": "eu-west-1", "replicas": 1, "woke": True})
