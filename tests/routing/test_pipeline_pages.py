@@ -10,6 +10,7 @@ from core.models import AuditEvent
 from regions.services.deployments import deployment_create
 from registry.services.models import model_register
 from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
+from routing.pipelines import pipeline_plan
 from routing.services import publish
 from tests.support.principals import principal
 from tests.support.regions import tiny_version, until_ready
@@ -172,3 +173,46 @@ def test_the_route_table_carries_production_pipelines_resolved_for_each_tenant(
         to="production",
     )
     assert "chat" not in _view("acme")["pipelines"] and "chat" in _view("globex")["pipelines"]
+
+
+def test_a_retrieve_stage_searches_the_calling_tenants_own_index(world, api):
+    ops = principal(world.operator)
+    faq = pipeline_create(actor=ops, owner=None, name="faq")
+    graph = {
+        "stages": [
+            {
+                "name": "vec",
+                "kind": "http",
+                "url": "https://e.example",
+                "jurisdiction": "EU",
+                "output": "vector",
+                "input": "request.query",
+            },
+            {"name": "search", "kind": "retrieve", "index": "handbook", "top_k": 2, "input": "vec"},
+            {
+                "name": "say",
+                "kind": "http",
+                "url": "https://s.example",
+                "jurisdiction": "EU",
+                "output": "text",
+                "input": "search",
+            },
+        ],
+        "output": "say",
+        "budget_ms": 2000,
+    }
+    version = pipeline_version_create(actor=ops, pipeline=faq, version="1", graph=graph)
+    pipeline_version_transition(actor=ops, version=version, to="production")
+    assert _view("acme")["pipelines"]["faq"]["unavailable"] == "stage search: acme has no index handbook"
+    alice = api(world.alice)
+    alice.post("/api/v1/indexes/", {"owner": "acme", "name": "handbook", "dimensions": 2}, format="json")
+    alice.put(
+        "/api/v1/indexes/acme/handbook/documents/",
+        {"documents": [{"key": "a", "text": "A", "vector": [1, 0]}]},
+        format="json",
+    )
+    search = _view("acme")["pipelines"]["faq"]["stages"][1]
+    assert (search["index"], search["top_k"], search["revision"]) == ("handbook", 2, 1)
+    plan = {p.stage: p.refusal for p in pipeline_plan(world.tenant_b, version, publish().body)}
+    assert plan["search"] == "globex has no index handbook"  # acme's documents are acme's alone
+    assert plan["vec"] == "EU is outside globex's residency policy (US)"
