@@ -29,6 +29,9 @@ class UsageRecord(models.Model):
     served_model_name = models.CharField(max_length=100, blank=True, default="")
     degraded = models.CharField(max_length=16, blank=True, default="")
     trace_id = models.CharField(max_length=32, blank=True, default="")  # the gateway's OpenTelemetry trace
+    # A pipeline's model stage: the pipeline's version ("acme/support-rag@1.0.0") and the stage's name.
+    pipeline = models.CharField(max_length=200, blank=True, default="")
+    stage = models.CharField(max_length=63, blank=True, default="")
     region = models.CharField(max_length=41)
     deployment = models.ForeignKey(
         "regions.Deployment", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage"

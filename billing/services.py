@@ -95,6 +95,8 @@ def _usage_record(record: dict[str, Any], tenants: dict[str, int]) -> UsageRecor
         served_model_name=_text(record, "served_model_name", 100),
         degraded=_degraded(record),
         trace_id=_trace_id(record),
+        pipeline=_text(record, "pipeline", 200),
+        stage=_text(record, "stage", 63),
         region=_text(record, "region", 41),
         deployment_id=_whole(record, "deployment", 0, 2**63 - 1) or None,
         version=_text(record, "version", 200),

@@ -306,6 +306,7 @@ SPECTACULAR_SETTINGS = {
         "RolloutStateEnum": "rollouts.choices.RolloutState",
         "ScalingDecisionKindEnum": "autoscaling.choices.DecisionKind",
         "ScalerModeEnum": "autoscaling.choices.ScalerMode",
+        "PipelineStatusEnum": "registry.choices.PipelineStatus",
     },
 }
 

@@ -134,6 +134,7 @@ class Gateway(App):
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         # Our own id for every request: usage is keyed by it, so no header can merge or hide requests.
         reply = Reply(send, uuid.uuid4().hex)
+        reply.pipeline = scope.get("pipeline")  # set only by _stage_request, on a scope of its own
         path, method = scope["path"], scope["method"]
         if sum(len(k) + len(v) for k, v in scope["headers"]) > self.settings.max_header_bytes:
             return await reply.error(431, "The request headers are too large.", "headers_too_large")
@@ -246,7 +247,7 @@ class Gateway(App):
                 self.metrics.stage(tenant, name, stage, outcome, seconds)
 
     async def _stage_request(
-        self, scope: dict[str, Any], path: str, body: dict[str, Any], send: Any | None
+        self, scope: dict[str, Any], stage: tuple[str, str], path: str, body: dict[str, Any], send: Any | None
     ) -> tuple[int, bytes]:
         """A stage's request to a model, handled as a client's would be: the status, and the body when
         ``send`` is None (else the response went to ``send``)."""
@@ -255,6 +256,7 @@ class Gateway(App):
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in skip]
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
         inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"", "headers": headers}
+        inner["pipeline"] = stage
         status, kept = [0], list[bytes]()
         delivered = asyncio.Event()
 
@@ -498,6 +500,7 @@ class Gateway(App):
             served_model_name=reply.served_name,
             degraded=reply.degraded,
             trace_id=reply.trace_id,
+            pipeline=reply.pipeline,
         )
         self.usage.record(record)
         self.metrics.observe(record, priority)

@@ -244,6 +244,9 @@ class UsageRecord(TypedDict):
     served_model_name: NotRequired[str]  # a fallback served it: its model name (model_name was asked for)
     degraded: NotRequired[str]  # and why (DEGRADED_REASONS)
     trace_id: NotRequired[str]  # the request's OpenTelemetry trace (32 hex digits), when tracing is on
+    # A pipeline's model stage: the pipeline's version ("acme/support-rag@1.0.0") and the stage's name.
+    pipeline: NotRequired[str]
+    stage: NotRequired[str]
     started_at: str  # ISO 8601 with the offset
 
 

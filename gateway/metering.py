@@ -71,6 +71,7 @@ def usage_record(
     served_model_name: str = "",
     degraded: str = "",
     trace_id: str = "",
+    pipeline: tuple[str, str] | None = None,
 ) -> contract.UsageRecord:
     endpoint = outcome.endpoint
     assert endpoint is not None  # only an exchange that reached an endpoint is metered
@@ -99,6 +100,8 @@ def usage_record(
         record["served_model_name"], record["degraded"] = served_model_name, degraded
     if trace_id:
         record["trace_id"] = trace_id
+    if pipeline is not None:
+        record["pipeline"], record["stage"] = pipeline
     if outcome.ttft_ms is not None:  # absent, not 0, when no byte came: a 0 would flatter TTFT figures
         record["ttft_ms"] = round(outcome.ttft_ms, 2)
     return record

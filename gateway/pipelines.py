@@ -25,8 +25,9 @@ from gateway.retrieval import Indexes
 TASK_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embed": "/v1/embeddings"}
 DEFAULT_MAX_TOKENS = 256  # a stage before the answer that sets none
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-# (path, body, send) → the status, and the body when ``send`` is None (the stage's answer is kept)
-Call = Callable[[str, dict[str, Any], Send | None], Awaitable[tuple[int, bytes]]]
+# ((pipeline version, stage), path, body, send) → the status, and the body when ``send`` is None (the
+# stage's answer is kept)
+Call = Callable[[tuple[str, str], str, dict[str, Any], Send | None], Awaitable[tuple[int, bytes]]]
 
 
 class StageFailed(Exception):
@@ -153,7 +154,8 @@ class PipelineRun:
                 self.session, self.tenant, stage["index"], stage["revision"], inputs["vector"], stage["top_k"]
             )
             return found
-        status, body = await self.call(TASK_PATHS[stage["task"]], self._model_body(stage, inputs), None)
+        tag = (self.route["version"], stage["name"])
+        status, body = await self.call(tag, TASK_PATHS[stage["task"]], self._model_body(stage, inputs), None)
         if status != 200:
             raise StageFailed(stage["name"], 502, f"its model answered {status}: {_error_text(body)}")
         return _model_output(stage["task"], json.loads(body))
@@ -190,7 +192,8 @@ class PipelineRun:
                 await send(message)
 
             started, timeout = self.clock(), self._timeout(stage)
-            task = asyncio.ensure_future(self.call(TASK_PATHS["chat"], body, relay))
+            tag = (self.route["version"], stage["name"])
+            task = asyncio.ensure_future(self.call(tag, TASK_PATHS["chat"], body, relay))
             try:
                 await asyncio.wait_for(asyncio.shield(first.wait()), timeout)
             except TimeoutError:

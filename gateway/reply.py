@@ -16,6 +16,9 @@ class Reply:
         self.trace_headers: dict[str, str] = {}  # traceparent for the engine, when tracing is on
         self.trace_id = ""
         self.cache = ""  # x-cache: "hit" or "miss" for a request the response cache looked up, else ""
+        # A pipeline's stage request: (the pipeline's version, the stage), for its usage record. Set by
+        # the gateway from its own scope, never from anything a client sends.
+        self.pipeline: tuple[str, str] | None = None
 
     async def _send(self, message: dict[str, Any]) -> None:
         try:

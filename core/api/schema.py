@@ -19,6 +19,12 @@ CAPABILITIES: list[tuple[str, str, tuple[str, ...]]] = [
         ("models/", "engine-arguments/"),
     ),
     (
+        "pipelines",
+        "Pipelines (graphs of stages served as one model name), their versions and lifecycle, and the "
+        "tenants' retrieval indexes their retrieve stages search.",
+        ("pipelines/", "indexes/"),
+    ),
+    (
         "regions & deployments",
         "Regions, GPU pools, placement and deployments, their autoscaling and its decisions.",
         ("regions/", "deployments/", "scaling-decisions/"),

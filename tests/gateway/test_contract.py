@@ -71,7 +71,7 @@ def test_the_route_table_has_exactly_the_contracts_fields() -> None:
         TenantPolicy("acme", frozenset({"EU"}), limits={"requests_per_minute": 60}, degraded="budget")
     ]
     served = route_table(policies, [placement()])["acme"]
-    assert set(served) == _keys(contract.TenantRoutes)
+    assert set(served) == _keys(contract.TenantRoutes) - {"pipelines"}  # added with the tenant's pipelines
     with_fallback = route_table(policies, [placement(fallbacks=("small",)), placement(name="small")])
     assert with_fallback["acme"]["models"]["chat"]["fallbacks"] == ["small"]
     assert set(served["limits"]) <= _keys(contract.TenantLimits)
@@ -127,6 +127,7 @@ def test_the_gateway_sends_every_usage_field_the_control_plane_takes(tmp_path: P
     reply = Reply(None, "r1")
     reply.degraded, reply.served_name = contract.CAPACITY, "small"  # served by a fallback: every field
     reply.trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"  # and traced
+    reply.pipeline = ("acme/support@1.0.0", "answer")  # and a pipeline's stage
     gateway._meter(
         reply, "acme", "chat", {}, "interactive", seen, time.perf_counter(), datetime.now(UTC), False
     )

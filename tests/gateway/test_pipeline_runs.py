@@ -2,35 +2,12 @@
 stages): stages in order, side by side where they can be, conditional routes, redaction before anything
 leaves, timeouts and the budget with their policies, and the answer streamed by its model."""
 
-import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
-from tests.support.gateway_harness import reply, serve
-
-
-class Service:
-    """A tenant's service behind an http stage: answers {"output": answer(inputs)}, remembers what it got."""
-
-    def __init__(self, answer: Any, delay: float = 0.0, barrier: threading.Barrier | None = None):
-        self.got: list[dict[str, Any]] = []
-        self.answer, self.delay, self.barrier = answer, delay, barrier
-        self.url, self.server = serve(self._answer)
-
-    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
-        inputs = json.loads(body)["inputs"]
-        self.got.append(inputs)
-        if self.barrier is not None:
-            self.barrier.wait()  # returns only while the other stage's request is in flight too
-        time.sleep(self.delay)
-        reply(handler, 200, {"output": self.answer(inputs)})
-
-    def close(self) -> None:
-        self.server.shutdown()
+from tests.support.gateway_harness import Service
 
 
 def http(
@@ -120,6 +97,12 @@ def test_a_rag_pipeline_redacts_fetches_fills_the_prompt_and_streams_the_answer(
         },
     ]
     assert gw.ship() == 1  # the model stage is metered as the request it is (the http stage: no engine)
+    (record,) = gw.control.records
+    assert (record["model_name"], record["pipeline"], record["stage"]) == (
+        "chat",
+        "acme/support@1.0.0",
+        "answer",
+    )
     metrics = gw.call("GET", "/metrics", tenant=None).body.decode()
     for stage in ("clean", "facts", "prompt", "answer"):
         labels = f'outcome="ok",pipeline="support",stage="{stage}",tenant="acme"'

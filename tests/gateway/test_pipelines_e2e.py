@@ -14,8 +14,8 @@ from regions.services.deployments import deployment_create
 from registry.services.models import model_register
 from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
 from routing import health, services
-from tests.gateway.test_pipeline_runs import Service
 from tests.support.gateway import kill_engines
+from tests.support.gateway_harness import Service
 from tests.support.principals import principal
 from tests.support.processes import wait_for
 from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets
@@ -140,6 +140,8 @@ def test_a_rag_pipeline_runs_on_real_engines_and_a_failing_region_moves_only_its
         wait_for(lambda: UsageRecord.objects.count() == 2, timeout=20)
         served = dict(UsageRecord.objects.values_list("model_name", "region"))
         assert served == {"embedder": "eu-west-1", "chat": "eu-west-1"}  # one record per model stage
+        stages = set(UsageRecord.objects.values_list("pipeline", "stage"))
+        assert stages == {("acme/support@1.0.0", "vec"), ("acme/support@1.0.0", "answer")}
 
         kill_engines(fleet["regions"]["eu-west-1"], embedder)  # only the embedder's engines there
         ask()

@@ -344,3 +344,23 @@ class GatewayWorld:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.loop_thread.join(timeout=10)
         self.loop.close()
+
+
+class Service:
+    """A tenant's service behind an http stage: answers {"output": answer(inputs)}, remembers what it got."""
+
+    def __init__(self, answer: Any, delay: float = 0.0, barrier: threading.Barrier | None = None):
+        self.got: list[dict[str, Any]] = []
+        self.answer, self.delay, self.barrier = answer, delay, barrier
+        self.url, self.server = serve(self._answer)
+
+    def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        inputs = json.loads(body)["inputs"]
+        self.got.append(inputs)
+        if self.barrier is not None:
+            self.barrier.wait()  # returns only while the other stage's request is in flight too
+        time.sleep(self.delay)
+        reply(handler, 200, {"output": self.answer(inputs)})
+
+    def close(self) -> None:
+        self.server.shutdown()
