@@ -5,7 +5,7 @@ somewhere; private models only to their owner's members and to platform readers.
 """
 
 from datetime import datetime
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from django.db.models import Q, QuerySet
 
@@ -33,15 +33,22 @@ from registry.models import (
     ValidationReport,
 )
 
+M = TypeVar("M", RegisteredModel, Pipeline)
+
 
 def models_for(principal: Principal) -> QuerySet[RegisteredModel]:
-    queryset = RegisteredModel.objects.select_related("owner")
+    catalog = Q(owner__isnull=True, visibility=Visibility.CATALOG)
+    return _readable(RegisteredModel.objects.select_related("owner"), principal, catalog)
+
+
+def _readable(queryset: QuerySet[M], principal: Principal, catalog: Q) -> QuerySet[M]:
+    """The rows of the principal's tenants, and the platform's ``catalog`` to anyone who reads somewhere."""
     owners = visible_tenant_ids(principal, Scope.REGISTRY_READ)
     if owners is None:
         return queryset
     visible = Q(owner_id__in=owners)
     if Scope.REGISTRY_READ in principal.all_scopes:
-        visible |= Q(owner__isnull=True, visibility=Visibility.CATALOG)
+        visible |= catalog
     return queryset.filter(visible)
 
 
@@ -86,14 +93,7 @@ def stage_version(config: dict[str, str]) -> ModelVersion | None:
 
 def pipelines_for(principal: Principal) -> QuerySet[Pipeline]:
     """Pipelines the principal may see: its tenants' own, and the platform's (the catalog) to any reader."""
-    queryset = Pipeline.objects.select_related("owner")
-    owners = visible_tenant_ids(principal, Scope.REGISTRY_READ)
-    if owners is None:
-        return queryset
-    visible = Q(owner_id__in=owners)
-    if Scope.REGISTRY_READ in principal.all_scopes:
-        visible |= Q(owner__isnull=True)
-    return queryset.filter(visible)
+    return _readable(Pipeline.objects.select_related("owner"), principal, Q(owner__isnull=True))
 
 
 def indexes_for(principal: Principal) -> QuerySet[RetrievalIndex]:

@@ -18,7 +18,7 @@ from tests.support.gateway import kill_engines
 from tests.support.gateway_harness import Service
 from tests.support.principals import principal
 from tests.support.processes import wait_for
-from tests.support.regions import TINY_ENGINE_ARGS, converge, ready_targets
+from tests.support.regions import converge, ready_targets, tiny_version
 from tests.support.registry import advance, register
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -27,27 +27,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def _embedder(world, tiny_model_dir) -> Deployment:  # type: ignore[no-untyped-def]
     """acme's embedding model (the tiny weights, served for embeddings) deployed in both EU regions."""
     alice = principal(world.alice)
-    model = model_register(actor=alice, owner=world.tenant_a, name="tiny-embed", task="embedding")
-    version = register(
-        model,
+    version = tiny_version(
         alice,
-        "1.0.0",
-        artifact_uri=f"file://{tiny_model_dir}",
-        served_model_name="tiny-embed",
-        parameter_count=3_000_000,
-        dtype="float32",
-        max_context_length=512,
-        engine_args=TINY_ENGINE_ARGS,
-        architecture={
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "head_dim": 64,
-        },
+        tiny_model_dir,
+        owner=world.tenant_a,
+        name="tiny-embed",
+        task="embedding",
         allowed_jurisdictions=["EU"],
-        artifact_manifest=[],
     )
-    advance(version, alice, "production")
+    model = version.model
     deployment = deployment_create(
         actor=alice,
         owner=world.tenant_a,

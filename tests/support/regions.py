@@ -112,18 +112,26 @@ def kubernetes_region(
 
 
 def tiny_version(
-    actor: Principal, model_dir: Path, *, owner=None, status: str = "production"
+    actor: Principal,
+    model_dir: Path,
+    *,
+    owner=None,
+    status: str = "production",
+    name: str = "tiny-llama",
+    task: str = "chat",
+    **overrides: Any,
 ) -> ModelVersion:  # type: ignore[no-untyped-def]
-    """A tiny random-weight Llama registered as a catalog model (owner None) or a tenant's model."""
+    """A tiny random-weight Llama registered as a catalog model (owner None) or a tenant's model; ``name``
+    and ``task`` register the same weights as another model (e.g. served for embeddings)."""
     model = model_register(
-        actor=actor, owner=owner, name="tiny-llama", visibility="private" if owner else "catalog"
+        actor=actor, owner=owner, name=name, task=task, visibility="private" if owner else "catalog"
     )
     version = register(
         model,
         actor,
         "1.0.0",
         artifact_uri=f"file://{model_dir}",
-        served_model_name="tiny",
+        served_model_name="tiny" if name == "tiny-llama" else name,
         parameter_count=3_000_000,
         dtype="float32",
         max_context_length=512,
@@ -134,8 +142,7 @@ def tiny_version(
             "num_key_value_heads": 4,
             "head_dim": 64,
         },
-        allowed_jurisdictions=["EU", "US"],
-        artifact_manifest=[],
+        **{"allowed_jurisdictions": ["EU", "US"], "artifact_manifest": [], **overrides},
     )
     return advance(version, actor, status) if status != "draft" else version
 
