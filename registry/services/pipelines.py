@@ -134,7 +134,7 @@ def check_graph(pipeline: Pipeline, graph: Graph) -> None:
     for stage in graph.stages.values():
         jurisdiction = stage.config.get("jurisdiction")
         if jurisdiction and (refusal := processing_refusal(residency, jurisdiction)):
-            raise _refused(stage, "jurisdiction", f"it runs in {refusal}")
+            raise _refused(stage, "jurisdiction", refusal)
 
 
 def _model_stage(owner: Tenant | None, stage: Stage) -> None:
