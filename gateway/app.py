@@ -36,7 +36,7 @@ from gateway.inbound import (
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition
 from gateway.mirror import MirrorCopy, Mirrors
-from gateway.pipelines import PipelineRun, StageFailed
+from gateway.pipelines import Addresses, PipelineRun, StageFailed
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
@@ -84,6 +84,7 @@ class Gateway(App):
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
         self.indexes = Indexes(settings)
+        self.addresses = Addresses(list(settings.stage_networks))
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
         # client's record names only the endpoint that answered, so this is where such failures show.
         self.candidate_failures = 0
@@ -230,12 +231,17 @@ class Gateway(App):
         """Run the tenant's pipeline (gateway/pipelines.py); each model stage is a request of its own
         through ``handle``, with the client's own credentials."""
         assert self.session is not None
+        messages = payload.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            return await reply.error(400, "messages must be a list of message objects.", "invalid_request")
+        if blocked := self.routes.view(tenant).get("blocked"):
+            return await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
         if "unavailable" in pipeline:
             return await reply.error(
                 503, f"{name} cannot run now: {pipeline['unavailable']}.", "pipeline_unavailable"
             )
         call = partial(self._stage_request, scope)
-        run = PipelineRun(name, pipeline, payload, call, self.session, tenant, self.indexes)
+        run = PipelineRun(name, pipeline, payload, call, self.session, tenant, self.indexes, self.addresses)
         try:
             await run.run(send)
         except StageFailed as failed:

@@ -56,6 +56,9 @@ class Settings:
     response_cache_max_bytes: int = 2**20  # a larger answer is not cached
     # A regional gateway serves only these regions' engines (gateway/topology.py); empty: every region.
     regions: frozenset[str] = frozenset()
+    # Networks of the gateway's own side that pipelines' http stages may call anyway (tenants' services on
+    # a private network), "10.20.0.0/16,127.0.0.1/32"; by default none: loopback, private, link-local.
+    stage_networks: tuple[str, ...] = ()
     # A global entry's regional gateways, region code → URL (``python -m gateway --entry``).
     entry_regions: dict[str, str] = field(default_factory=dict)
 
@@ -104,6 +107,7 @@ class Settings:
             response_cache_max_bytes=int(os.environ.get("GATEWAY_RESPONSE_CACHE_MAX_BYTES", str(2**20))),
             regions=parse_regions(os.environ.get("GATEWAY_REGIONS", "")),
             entry_regions=parse_entry_regions(os.environ.get("GATEWAY_ENTRY_REGIONS", "")),
+            stage_networks=tuple(n for n in os.environ.get("GATEWAY_STAGE_NETWORKS", "").split(",") if n),
         )
 
 

@@ -9,21 +9,27 @@ its output's type on in its place. The budget bounds everything up to the answer
 """
 
 import asyncio
+import ipaddress
 import json
-import re
+import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+import re2
 
 from gateway import contract
 from gateway.retrieval import Indexes
 
 # How a model stage's task is asked of an engine, and what of its answer flows on.
-TASK_PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions", "embed": "/v1/embeddings"}
+TASK_PATHS = dict(
+    zip(contract.PIPELINE_TASKS, ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"), strict=True)
+)
 DEFAULT_MAX_TOKENS = 256  # a stage before the answer that sets none
+MAX_STAGE_ANSWER = 4 * 1024 * 1024  # bytes an http stage's service may answer
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 # ((pipeline version, stage), path, body, send) → the status, and the body when ``send`` is None (the
 # stage's answer is kept)
@@ -59,10 +65,12 @@ class PipelineRun:
         session: aiohttp.ClientSession,
         tenant: str,
         indexes: Indexes,
+        addresses: "Addresses",
         clock: Callable[[], float] = time.monotonic,
     ):
         self.name, self.route, self.payload, self.call = name, route, payload, call
         self.session, self.tenant, self.indexes, self.clock = session, tenant, indexes, clock
+        self.addresses = addresses
         self.deadline = clock() + route["budget_ms"] / 1000
         messages = payload.get("messages")
         self.values: dict[str, Any] = {
@@ -80,11 +88,19 @@ class PipelineRun:
         pending = [s for s in stages if s["name"] not in self.route["output"]]
         while pending:
             ready = [s for s in pending if self._sources_done(s)]
+            if not ready:  # the registry refuses such graphs; never spin on one
+                raise StageFailed(pending[0]["name"], 500, "its sources never ran")
             pending = [s for s in pending if s not in ready]
-            await asyncio.gather(*(self._stage(s) for s in ready))
+            try:  # side by side; one failing cancels the others (their requests stop, unbilled)
+                async with asyncio.TaskGroup() as group:
+                    for stage in ready:
+                        group.create_task(self._stage(stage))
+            except* StageFailed as failed:
+                raise failed.exceptions[0] from None
         chosen = [s for s in answer if self._holds(s)]
-        if len(chosen) != 1:  # the registry refuses graphs where this could happen
-            raise StageFailed(self.route["output"][0], 500, "no answering stage's condition held")
+        if len(chosen) != 1:  # a label stage (a tenant's service) answered a label it did not declare
+            chooser = answer[0].get("when", {}).get("stage", answer[0]["name"])
+            raise StageFailed(chooser, 502, "it answered a label no alternative takes")
         await self._answer(chosen[0], send)
 
     def _sources_done(self, stage: contract.PipelineStage) -> bool:
@@ -121,7 +137,7 @@ class PipelineRun:
         try:
             self.values[name] = await asyncio.wait_for(self._work(stage), timeout)
             outcome = "ok"
-        except (TimeoutError, StageFailed, aiohttp.ClientError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # whatever went wrong, it is this stage's failure, named (never a 500)
             if stage["on_failure"] != "skip":
                 raise _failure(stage, exc, timeout) from None
             self.values[name], outcome = self.values[stage["passes"]], "skipped"
@@ -170,11 +186,20 @@ class PipelineRun:
         return body
 
     async def _http(self, stage: contract.PipelineStage, inputs: dict[str, Any]) -> Any:
-        """A tenant's own service: POST {"inputs": {...}}, answered {"output": ...}."""
-        async with self.session.post(stage["url"], json={"inputs": inputs}) as answered:
+        """A tenant's own service: POST {"inputs": {...}}, answered {"output": ...}. Never to an address of
+        the gateway's own networks (unless the operator allows it), never following a redirect, never
+        reading more than MAX_STAGE_ANSWER bytes."""
+        await self.addresses.check(stage["name"], stage["url"])
+        sent = {"inputs": inputs}
+        async with self.session.post(stage["url"], json=sent, allow_redirects=False) as answered:
             if answered.status != 200:
                 raise StageFailed(stage["name"], 502, f"its service answered {answered.status}")
-            return (await answered.json(content_type=None))["output"]
+            body = bytearray()
+            async for chunk in answered.content.iter_chunked(65536):
+                body += chunk
+                if len(body) > MAX_STAGE_ANSWER:
+                    raise StageFailed(stage["name"], 502, f"its answer is over {MAX_STAGE_ANSWER} bytes")
+            return json.loads(body)["output"]
 
     async def _answer(self, stage: contract.PipelineStage, send: Send) -> None:
         """The answering stage: a chat model streams straight to the client; anything else is answered as
@@ -194,13 +219,13 @@ class PipelineRun:
             started, timeout = self.clock(), self._timeout(stage)
             tag = (self.route["version"], stage["name"])
             task = asyncio.ensure_future(self.call(tag, TASK_PATHS["chat"], body, relay))
-            try:
-                await asyncio.wait_for(asyncio.shield(first.wait()), timeout)
-            except TimeoutError:
-                if not first.is_set():
-                    task.cancel()
-                    self.took[stage["name"]] = ("failed", self.clock() - started)
-                    raise _failure(stage, TimeoutError(), timeout) from None
+            began = asyncio.ensure_future(first.wait())
+            await asyncio.wait({task, began}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            began.cancel()
+            if not first.is_set() and not task.done():
+                task.cancel()
+                self.took[stage["name"]] = ("failed", self.clock() - started)
+                raise _failure(stage, TimeoutError(), timeout)
             status, _ = await task
             self.took[stage["name"]] = ("ok" if status == 200 else "failed", self.clock() - started)
             return
@@ -252,16 +277,30 @@ def _fill(stage: contract.PipelineStage, inputs: dict[str, Any]) -> list[dict[st
 
 
 def _redact(stage: contract.PipelineStage, value: Any) -> Any:
-    patterns = [re.compile(p) for p in stage["patterns"]]
+    """Every pattern replaced in text, or in every message's text (plain content and text parts). RE2:
+    linear time whatever the pattern and the text; the replacement is literal."""
+    patterns = [re2.compile(p) for p in stage["patterns"]]
+    replacement = stage["replacement"]
 
     def clean(text: str) -> str:
         for pattern in patterns:
-            text = pattern.sub(stage["replacement"], text)
+            text = pattern.sub(lambda _: replacement, text)
         return text
 
-    if isinstance(value, str):
-        return clean(value)
-    return [{**m, "content": clean(m["content"])} if isinstance(m.get("content"), str) else m for m in value]
+    def part(item: Any) -> Any:
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            return {**item, "text": clean(item["text"])}
+        return item
+
+    def message(m: dict[str, Any]) -> dict[str, Any]:
+        content = m.get("content")
+        if isinstance(content, str):
+            return {**m, "content": clean(content)}
+        if isinstance(content, list):
+            return {**m, "content": [part(item) for item in content]}
+        return m
+
+    return clean(value) if isinstance(value, str) else [message(m) for m in value]
 
 
 async def _completion(send: Send, model: str, text: str, stream: bool) -> None:
@@ -293,3 +332,25 @@ async def _completion(send: Send, model: str, text: str, stream: bool) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+class Addresses:
+    """Where http stages may not go: the gateway's own networks (loopback, private, link-local, the cloud
+    metadata address), unless the operator allows some (``GATEWAY_STAGE_NETWORKS``, for tenants' services
+    on a private network). Checked on the addresses the host resolves to when the stage runs."""
+
+    def __init__(self, allowed: list[str]):
+        self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
+
+    async def check(self, stage: str, url: str) -> None:
+        parsed = urlsplit(url)
+        host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            raise StageFailed(stage, 502, f"its service's host does not resolve ({exc.strerror})") from None
+        for *_, address in found:
+            ip = ipaddress.ip_address(address[0])
+            internal = ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved
+            if (internal or ip.is_multicast) and not any(ip in network for network in self.allowed):
+                raise StageFailed(stage, 502, "its service is on a network the gateway does not call")

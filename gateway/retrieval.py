@@ -72,4 +72,8 @@ def _build(body: contract.RetrievalIndex) -> Loaded:
         vectors = np.asarray([d["vector"] for d in body["documents"]], dtype=np.float32)
         faiss.normalize_L2(vectors)
         index.add(vectors)
-    return Loaded(body["revision"], index, body["documents"])
+    # The vectors live in the index; the documents keep only what a prompt is given.
+    kept: list[contract.IndexDocument] = [
+        {"key": d["key"], "text": d["text"], "vector": []} for d in body["documents"]
+    ]
+    return Loaded(body["revision"], index, kept)

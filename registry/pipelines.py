@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import re2
+
 from core.errors import ValidationFailed
 
 MAX_STAGES = 32
@@ -87,6 +89,11 @@ class Stage:
     when: When | None
     config: dict[str, Any] = field(default_factory=dict)  # the kind's own fields, checked
     labels: frozenset[str] = frozenset()  # what a label-producing stage may answer
+
+    @property
+    def passes(self) -> str:
+        """A skipping stage's stand-in: the source of its first input of its output's type."""
+        return next(s for p, s in self.inputs.items() if self.input_types[p] == self.output)
 
     @property
     def sources(self) -> set[str]:
@@ -170,7 +177,7 @@ def _stage(raw: Any, position: int, budget: int) -> Stage:
     name = _text(raw.get("name"), f"stages[{position}].name", NAME, "a name of lowercase letters, digits, -")
     where = f"stages.{name}"
     kind = raw.get("kind")
-    if kind not in KIND_FIELDS:
+    if not isinstance(kind, str) or kind not in KIND_FIELDS:
         raise Refused(where, f"kind must be one of {', '.join(KIND_FIELDS)}")
     _object(raw, where, COMMON | KIND_FIELDS[kind], required={"name", "kind", "input"})
     inputs = _inputs(raw["input"], where)
@@ -180,7 +187,7 @@ def _stage(raw: Any, position: int, budget: int) -> Stage:
         else _integer(raw["timeout_ms"], where + ".timeout_ms", 1, budget)
     )
     on_failure = raw.get("on_failure", "fail")
-    if on_failure not in ON_FAILURE:
+    if not isinstance(on_failure, str) or on_failure not in ON_FAILURE:
         raise Refused(where + ".on_failure", "must be fail or skip")
     typed = KINDS[kind](raw, where, inputs)
     stage = Stage(
@@ -195,6 +202,10 @@ def _stage(raw: Any, position: int, budget: int) -> Stage:
         config=typed.config,
         labels=typed.labels,
     )
+    if on_failure == "skip" and kind == "redact":
+        raise Refused(
+            where + ".on_failure", "a redaction is never skipped: it would pass the text on unredacted"
+        )
     if on_failure == "skip" and stage.output not in stage.input_types.values():
         raise Refused(
             where + ".on_failure",
@@ -209,6 +220,8 @@ def _inputs(raw: Any, where: str) -> dict[str, str]:
     if not isinstance(raw, dict) or not 1 <= len(raw) <= 16:
         raise Refused(where + ".input", "must be a source, or an object of 1 to 16 parameter: source")
     for parameter, source in raw.items():
+        if parameter and not NAME.match(parameter.replace("_", "-")):
+            raise Refused(f"{where}.input", f"{parameter[:64]!r} is not a name of letters, digits, - or _")
         if not isinstance(source, str) or not (source in REQUEST_SOURCES or NAME.match(source)):
             raise Refused(
                 f"{where}.input.{parameter}".rstrip("."),
@@ -244,7 +257,7 @@ def _labels(raw: Any, where: str) -> frozenset[str]:
 
 def _model(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
     task = raw.get("task")
-    if task not in MODEL_TASKS:
+    if not isinstance(task, str) or task not in MODEL_TASKS:
         raise Refused(where + ".task", f"must be one of {', '.join(MODEL_TASKS)}")
     expected, output = MODEL_TASKS[task]
     model = _text(
@@ -310,10 +323,12 @@ def _redact(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
             raise Refused(
                 f"{where}.patterns[{n}]", f'must be one of {", ".join(REDACTIONS)} or {{"regex": "…"}}'
             )
-        try:
-            re.compile(regex)
-        except re.error as exc:
-            raise Refused(f"{where}.patterns[{n}]", f"is not a regular expression: {exc}") from None
+        try:  # RE2: matches in linear time, whatever the pattern and the text (no backtracking blow-up)
+            re2.compile(regex)
+        except re2.error as exc:
+            raise Refused(
+                f"{where}.patterns[{n}]", f"is not a regular expression RE2 accepts: {exc}"
+            ) from None
         compiled.append({"regex": regex})
     replacement = raw.get("replacement", "[redacted]")
     if not isinstance(replacement, str) or len(replacement) > 64 or "\x00" in replacement:
@@ -333,9 +348,12 @@ def _template(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
             raise Refused(f"{where}.{name}", "must be text of at most 20,000 characters")
     assert isinstance(template, str)
     try:
-        fields = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        parsed = [(f, spec, conversion) for _, f, spec, conversion in string.Formatter().parse(template)]
     except ValueError as exc:
         raise Refused(where + ".template", f"is not a valid template: {exc}") from None
+    fields = {f for f, _, _ in parsed if f is not None}
+    if any(spec or conversion for f, spec, conversion in parsed if f is not None):
+        raise Refused(where + ".template", "placeholders are plain {names}: no format specs or conversions")
     if "" in inputs:
         raise Refused(where + ".input", "name each input after the {placeholder} it fills")
     if fields != set(inputs):
@@ -407,6 +425,11 @@ def _check_edges(stage: Stage, stages: dict[str, Stage]) -> None:
         chooser = stages[stage.when.stage]
         if chooser.output != LABEL:
             raise Refused(where + ".when.stage", f"{chooser.name} gives {chooser.output}, not a label")
+        if chooser.when not in (None, stage.when):
+            raise Refused(
+                where + ".when.stage",
+                f"{chooser.name} runs only under its own condition: give {stage.name} the same when",
+            )
         unknown = sorted(stage.when.labels - chooser.labels)
         if unknown:
             raise Refused(where + ".when.labels", f"{chooser.name} never answers {', '.join(unknown)}")

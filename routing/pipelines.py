@@ -3,9 +3,10 @@ model stage, the jurisdiction of an ``http`` stage, the gateway for built-ins; a
 inside the tenant's residency. Read by the pipeline page; the same rule as the definition's check
 (``core.residency``), applied to the tenant calling."""
 
+import logging
 from dataclasses import dataclass
 
-from django.db.models import Q
+from django.db.models import Case, Q, When
 
 from core.models import Tenant
 from core.residency import processing_refusal, residency_of
@@ -16,7 +17,7 @@ from registry import selectors as registry_selectors
 from registry.models import PipelineVersion
 from registry.pipelines import REDACTIONS, Graph, Stage, parse_graph
 
-BUILT_IN = {"redact", "template"}
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,20 @@ def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route])
     version = registry_selectors.stage_version(stage.config)
     if version is None:
         return StagePlan(stage.name, stage.kind, stage.config["model"], refusal="no version to run")
+    own = Case(When(owner=tenant, then=0), default=1)
     deployments = Deployment.objects.filter(
         Q(owner=tenant) | Q(shared=True), state=DeploymentState.ACTIVE, version=version
-    ).order_by("-owner_id", "name")  # the tenant's own first
+    ).order_by(own, "name")  # the tenant's own first
     for deployment in deployments:
         route = routes.get(deployment.name)
-        if route is None:
+        # The tenant's route of that name may be another deployment of its own (its own names shadow the
+        # shared ones): only a route whose engines are this deployment's serves the stage.
+        if route is None or any(e["deployment"] != deployment.pk for e in route["endpoints"]):
             continue
         regions = tuple(dict.fromkeys(e["region"] for e in route["endpoints"]))
-        refusal = "" if regions else route.get("unavailable", "no engine is up")
+        # At zero (idle): the stage's request wakes it and is held, as a direct request would be.
+        waking = "activatable" in route
+        refusal = "" if regions or waking else route.get("unavailable", "no engine is up")
         serves = f"deployment {deployment.name} ({version})"
         return StagePlan(stage.name, stage.kind, serves, regions, refusal, route=deployment.name)
     return StagePlan(
@@ -94,11 +100,22 @@ def attach_pipelines(tenants: dict[str, contract.TenantRoutes]) -> None:
         mine = [v for v in versions if v.pipeline.owner_id in (None, tenant.pk)]
         # The tenant's own pipeline of a name wins over the catalog's, as its own deployments do.
         mine.sort(key=lambda v: v.pipeline.owner_id is not None)
-        routes = {
-            v.pipeline.name: _route(tenant, v, view) for v in mine if v.pipeline.name not in view["models"]
-        }
+        named = {v.pipeline.name: v for v in mine if v.pipeline.name not in view["models"]}
+        routes = {name: _safely(tenant, v, view) for name, v in named.items()}
         if routes:
             view["pipelines"] = routes
+
+
+def _safely(tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes) -> contract.PipelineRoute:
+    """The pipeline's route, or, should resolving it fail, the pipeline unavailable: one pipeline never
+    stops the table (every tenant's routes and failovers) from being published."""
+    try:
+        return _route(tenant, version, view)
+    except Exception:
+        log.exception("resolving %s for %s failed", version, tenant.slug)
+        broken: contract.PipelineRoute = {"version": str(version), "budget_ms": 0, "output": [], "stages": []}
+        broken["unavailable"] = "it cannot be resolved now"
+        return broken
 
 
 def _route(tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes) -> contract.PipelineRoute:
@@ -128,7 +145,7 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
         "on_failure": stage.on_failure,
     }
     if stage.on_failure == "skip":
-        wire["passes"] = next(s for p, s in stage.inputs.items() if stage.input_types[p] == stage.output)
+        wire["passes"] = stage.passes
     if stage.when is not None:
         wire["when"] = {
             "stage": stage.when.stage,

@@ -26,6 +26,7 @@ from registry.models import (
     ValidationReport,
     VersionTransition,
 )
+from registry.pipelines import NAME
 from registry.services.models import MODEL_FIELDS
 from registry.sizing import sizing_of
 
@@ -220,7 +221,7 @@ class PipelineSerializer(serializers.ModelSerializer):
 
 class PipelineWriteSerializer(StrictSerializer):
     owner = serializers.SlugField(max_length=50, help_text='Owner tenant slug, or "platform"')
-    name = serializers.SlugField(max_length=63)
+    name = serializers.RegexField(NAME.pattern, max_length=63, help_text="lowercase letters, digits, -")
     description = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
 
 
@@ -270,7 +271,7 @@ class IndexSerializer(serializers.ModelSerializer):
 
 class IndexWriteSerializer(StrictSerializer):
     owner = serializers.SlugField(max_length=50)
-    name = serializers.SlugField(max_length=63)
+    name = serializers.RegexField(NAME.pattern, max_length=63, help_text="lowercase letters, digits, -")
     dimensions = serializers.IntegerField(min_value=1, max_value=4096)
 
 

@@ -17,6 +17,7 @@ from registry.models import IndexDocument, RetrievalIndex
 
 MAX_DOCUMENTS = 10_000  # a small index: searched exactly, in memory, by every gateway that runs it
 MAX_PER_CALL = 500
+MAX_NUMBERS = 4_000_000  # documents × dimensions: 10,000 × 384, or 1,000 × 4,096 (16 MB of float32)
 
 
 def index_create(*, actor: Principal, owner: Tenant, name: str, dimensions: int) -> RetrievalIndex:
@@ -53,8 +54,12 @@ def documents_put(*, actor: Principal, index: RetrievalIndex, documents: list[di
     with transaction.atomic():
         locked = RetrievalIndex.objects.select_for_update().get(pk=index.pk)
         existing = set(locked.documents.filter(key__in=keys).values_list("key", flat=True))
-        if locked.documents.count() + len(set(keys) - existing) > MAX_DOCUMENTS:
-            raise ValidationFailed(f"An index holds at most {MAX_DOCUMENTS} documents.")
+        total = locked.documents.count() + len(set(keys) - existing)
+        if total > MAX_DOCUMENTS or total * locked.dimensions > MAX_NUMBERS:
+            most = min(MAX_DOCUMENTS, MAX_NUMBERS // locked.dimensions)
+            raise ValidationFailed(
+                f"An index of {locked.dimensions} dimensions holds at most {most} documents."
+            )
         IndexDocument.objects.filter(index=locked, key__in=existing).delete()
         IndexDocument.objects.bulk_create(
             [IndexDocument(index=locked, key=d["key"], text=d["text"], vector=d["vector"]) for d in documents]
@@ -79,8 +84,14 @@ def _changed(actor: Principal, index: RetrievalIndex, action: str, after: dict[s
     return index.revision
 
 
+def _number(x: Any) -> bool:
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return isinstance(x, int) and not isinstance(x, bool) and abs(x) <= 2**53
+
+
 def _check_vector(vector: Any, dimensions: int, where: str) -> None:
     if not isinstance(vector, list) or len(vector) != dimensions:
         raise ValidationFailed(f"{where}: must be {dimensions} numbers.", detail={where: ["Wrong length."]})
-    if not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector):
+    if not all(_number(x) for x in vector):
         raise ValidationFailed(f"{where}: must be finite numbers.", detail={where: ["Not numbers."]})

@@ -25,17 +25,18 @@ def pipeline_create(*, actor: Principal, owner: Tenant | None, name: str, descri
     actor.require(Scope.REGISTRY_WRITE, owner.pk if owner else None)
     pipeline = Pipeline(owner=owner, name=name, description=description, created_by_name=actor.name)
     full_clean(pipeline, exclude=["owner"])
-    with transaction.atomic():
-        if Pipeline.objects.filter(owner=owner, name=name).exists():
-            raise Conflict(f"Pipeline {pipeline.ref} already exists.", code="already_exists")
-        pipeline.save()
-        audit_record(
-            actor=actor,
-            action="pipeline.created",
-            target=pipeline,
-            tenant=owner,
-            after={"name": name, "description": description},
-        )
+    try:
+        with transaction.atomic():
+            pipeline.save()
+            audit_record(
+                actor=actor,
+                action="pipeline.created",
+                target=pipeline,
+                tenant=owner,
+                after={"name": name, "description": description},
+            )
+    except IntegrityError:
+        raise Conflict(f"Pipeline {pipeline.ref} already exists.", code="already_exists") from None
     return pipeline
 
 
@@ -96,11 +97,15 @@ def pipeline_version_transition(
         raise InvalidTransition(f"{version} cannot go from {version.status} to {to}.")
     if to == P.PRODUCTION:
         check_graph(version.pipeline, parse_graph(version.graph))
-    with transaction.atomic():
-        if to == P.PRODUCTION:
-            for previous in PipelineVersion.objects.filter(pipeline=version.pipeline, status=P.PRODUCTION):
-                _move(actor, previous, P.DEPRECATED, f"superseded by {version.version}")
-        _move(actor, version, to, reason)
+    try:
+        with transaction.atomic():
+            if to == P.PRODUCTION:
+                current = PipelineVersion.objects.filter(pipeline=version.pipeline, status=P.PRODUCTION)
+                for previous in current:
+                    _move(actor, previous, P.DEPRECATED, f"superseded by {version.version}")
+            _move(actor, version, to, reason)
+    except IntegrityError:  # another version went to production at the same moment
+        raise InvalidTransition(f"Another version of {version.pipeline} was just promoted; reload.") from None
     version.refresh_from_db()
     return version
 

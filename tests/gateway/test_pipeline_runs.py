@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.gateway_harness import Service
+from tests.support.gateway_harness import GatewayWorld, Service
 
 
 def http(
@@ -256,3 +256,62 @@ def test_a_retrieve_stage_searches_the_tenants_index_by_cosine_and_refetches_a_n
     )
     failed = ask(gw)
     assert failed.status == 502 and "stage search failed" in failed.json()["error"]["message"]
+
+
+def test_hostile_requests_and_answers_are_refused_by_name(gw, services):
+    facts = services(lambda i: "x")
+    offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER))
+    for messages in ("hi", [], ["hi"], [{"role": "user", "content": "x"}, 3]):
+        bad = gw.chat(model="support", messages=messages)
+        assert bad.status == 400 and "messages must be a list" in bad.json()["error"]["message"], messages
+    gw.gateway.routes.body["tenants"]["acme"]["blocked"] = "budget spent"
+    assert ask(gw).status == 429
+    gw.gateway.routes.body["tenants"]["acme"]["blocked"] = ""
+    # Text parts are redacted too; a replacement is literal (no group references).
+    parts = [{"role": "user", "content": [{"type": "text", "text": "write to ann@example.com"}]}]
+    redact = {
+        **REDACT,
+        "inputs": {"messages": "request.messages"},
+        "output": "messages",
+        "replacement": r"\1 [x]",
+    }
+    answer = {**ANSWER, "inputs": {"messages": "clean"}}
+    offer(gw, "support", pipeline(redact, answer))
+    assert gw.chat(model="support", messages=parts).status == 200
+    assert gw.engine.seen[-1]["body"]["messages"][0]["content"][0]["text"] == r"write to \1 [x]"
+    router = services(lambda i: "refunds")  # a label it never declared
+    billing = services(lambda i: "b")
+    route = pipeline(
+        http("topic", router, "request.query", output="label"),
+        http(
+            "billing",
+            billing,
+            "request.query",
+            when={"stage": "topic", "labels": ["billing"], "otherwise": False},
+        ),
+        output=["billing"],
+    )
+    offer(gw, "support", route)
+    odd = ask(gw)
+    assert (
+        odd.status == 502
+        and "stage topic failed: it answered a label no alternative takes" in odd.json()["error"]["message"]
+    )
+
+
+def test_http_stages_do_not_reach_the_gateways_own_networks(tmp_path, services):
+    closed = GatewayWorld(tmp_path, stage_networks=())  # the default: no network of the gateway's own side
+    try:
+        facts = services(lambda i: "secret")
+        closed.gateway.routes.body["tenants"]["acme"]["pipelines"] = {
+            "support": pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER)
+        }
+        refused = closed.chat(model="support", messages=[{"role": "user", "content": "hi"}])
+        assert refused.status == 502
+        assert (
+            "stage facts failed: its service is on a network the gateway does not call"
+            in refused.json()["error"]["message"]
+        )
+        assert facts.got == []
+    finally:
+        closed.close()

@@ -73,6 +73,7 @@ def test_non_finite_numbers_and_empty_batches_are_refused(world, api, handbook):
         b'{"documents": [{"key": "x", "text": "t", "vector": [1e999, 0, 0]}]}',
         b'{"documents": [{"key": "x", "text": "t", "vector": [NaN, 0, 0]}]}',
         b'{"documents": []}',
+        b'{"documents": [{"key": "x", "text": "t", "vector": [1' + b"0" * 400 + b", 0, 0]}]}",
     ):
         refused = alice.put(A + "documents/", raw, content_type="application/json")
         assert refused.status_code == 400 and "error" in refused.json(), raw
@@ -99,3 +100,22 @@ def test_another_tenant_and_a_viewer_cannot_touch_it_and_gateways_read_it(world,
     fetched = gateway.get("/api/v1/routing/indexes/acme/handbook/").json()
     assert fetched["revision"] == 1 and fetched["documents"][0] == {**DOCS[0], "vector": [1, 0, 0]}
     assert IndexDocument.objects.count() == 2
+
+
+def test_names_are_those_a_stage_can_name_and_the_size_is_bounded(world, api, handbook):
+    alice = api(world.alice)
+    for name in ("My_Docs", "docs!", "-docs"):
+        body = {"owner": "acme", "name": name, "dimensions": 3}
+        assert alice.post("/api/v1/indexes/", body, format="json").status_code == 400, name
+    wide = alice.post(
+        "/api/v1/indexes/", {"owner": "acme", "name": "wide", "dimensions": 4096}, format="json"
+    )
+    assert wide.status_code == 201
+    vector = [0.5] * 4096
+    for start in range(0, 900, 100):  # 900 documents, within the bound
+        fill = [{"key": f"k{n}", "text": "t", "vector": vector} for n in range(start, start + 100)]
+        answer = alice.put("/api/v1/indexes/acme/wide/documents/", {"documents": fill}, format="json")
+        assert answer.status_code == 200
+    more = [{"key": f"k{n}", "text": "t", "vector": vector} for n in range(900, 1000)]
+    over = alice.put("/api/v1/indexes/acme/wide/documents/", {"documents": more}, format="json")
+    assert over.status_code == 400 and "holds at most 976 documents" in over.json()["error"]["message"]

@@ -259,3 +259,63 @@ def test_an_http_stage_declares_its_jurisdiction_and_output():
         with pytest.raises(ValidationFailed) as refused:
             parse_graph(_set(raw, f"stages.search.{field}", value))
         assert list(refused.value.detail) == [f"stages.search.{field}"] and words in refused.value.message
+
+
+HOSTILE = [
+    (_set(rag(), "stages.embed.kind", ["model"]), "stages.embed", "kind must be one of"),
+    (_set(rag(), "stages.embed.task", {"embed": 1}), "stages.embed.task", "must be one of"),
+    (_set(rag(), "stages.rerank.on_failure", ["skip"]), "stages.rerank.on_failure", "must be fail or skip"),
+    (
+        _set(rag(), "stages.prompt.template", "Answer {docs:>2000000000}\n{question}"),
+        "stages.prompt.template",
+        "no format specs",
+    ),
+    (
+        _set(rag(), "stages.prompt.template", "{docs!r} {question}"),
+        "stages.prompt.template",
+        "no format specs",
+    ),
+    (
+        {
+            **rag(),
+            "stages": [
+                *rag()["stages"][:4],
+                {**rag()["stages"][4], "template": "{0}", "input": {"0": "rerank"}},
+                rag()["stages"][5],
+            ],
+        },
+        "stages.prompt.input",
+        "'0' is not a name",
+    ),
+    (_set(rag(), "stages.clean.patterns", [{"regex": "(a)\\1"}]), "stages.clean.patterns[0]", "RE2 accepts"),
+    (_set(rag(), "stages.clean.on_failure", "skip"), "stages.clean.on_failure", "never skipped"),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "where", "words"), HOSTILE, ids=[f"{n}-{h[1]}" for n, h in enumerate(HOSTILE)]
+)
+def test_hostile_graphs_are_refused_not_crashed_on(raw, where, words):
+    with pytest.raises(ValidationFailed) as refused:
+        parse_graph(raw)
+    assert list(refused.value.detail) == [where], refused.value.message
+    assert words in refused.value.message
+
+
+def test_a_condition_on_a_conditional_chooser_must_be_the_choosers_own():
+    raw = routed()
+    raw["stages"][0]["when"] = {"stage": "pre", "labels": ["go"]}
+    raw["stages"].insert(
+        0,
+        {
+            "name": "pre",
+            "kind": "model",
+            "task": "classify",
+            "model": "acme/router",
+            "labels": ["go", "stop"],
+            "input": "request.query",
+        },
+    )
+    with pytest.raises(ValidationFailed) as refused:
+        parse_graph(raw)
+    assert "topic runs only under its own condition" in refused.value.message

@@ -32,6 +32,7 @@ class Gateway:
             GATEWAY_TOKEN=token,
             GATEWAY_CACHE_FILE=str(cache),
             GATEWAY_LONG_POLL_SECONDS="2",  # a poll still open when a test ends would outlive its database
+            GATEWAY_STAGE_NETWORKS="127.0.0.0/8",  # pipelines' http stages in tests run on this host
             **settings,
         )
         self.proc = subprocess.Popen(

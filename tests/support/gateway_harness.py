@@ -236,6 +236,7 @@ class GatewayWorld:
     """A gateway (not started: no background tasks) with a table loaded, and a loop to call it in."""
 
     def __init__(self, state_dir: Path, **extra: Any):
+        extra.setdefault("stage_networks", ("127.0.0.0/8",))  # the tests' http stages run on this host
         self.engine = FakeEngine().start()
         self.extra_engines: list[FakeEngine] = []
         self.control = FakeControlPlane(route_table(self.engine.url)).start()
