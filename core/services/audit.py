@@ -5,16 +5,19 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models, transaction
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
+from core.errors import Conflict
 from core.models import AuditChainHead, AuditEvent, Tenant
 from core.observability import current_request_id
 from core.principal import Principal
 from core.services.audit_checkpoints import Checkpoint
+
+M = TypeVar("M", bound=models.Model)
 
 GENESIS_HASH = "0" * 64
 # The columns each hash format covers. A format is frozen once events were written with it: a new or
@@ -235,3 +238,17 @@ def verify_chain(*, checkpoints: Sequence[Checkpoint] = ()) -> ChainReport:
     if reason := _beyond_end(checked, checkpoints):
         return ChainReport(False, checked, head.seq, checked + 1, reason)
     return ChainReport(True, checked, head.seq, head_hash=prev_hash)
+
+
+def create_audited(
+    *, actor: Principal, instance: M, action: str, tenant: Tenant | None, after: dict[str, Any], taken: str
+) -> M:
+    """Insert a new row and audit it in one transaction; a row that a unique constraint says exists already
+    (checked by the database, so two racing creations cannot both pass) is a Conflict saying ``taken``."""
+    try:
+        with transaction.atomic():
+            instance.save()
+            audit_record(actor=actor, action=action, target=instance, tenant=tenant, after=after)
+    except IntegrityError:
+        raise Conflict(taken, code="already_exists") from None
+    return instance

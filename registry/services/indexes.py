@@ -4,14 +4,14 @@ Every change moves the index's revision (a compare-and-set on it), so gateways f
 import math
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import F
 
 from core.choices import Scope
-from core.errors import Conflict, NotFound, ValidationFailed
+from core.errors import NotFound, ValidationFailed
 from core.models import Tenant
 from core.principal import Principal
-from core.services.audit import audit_record
+from core.services.audit import audit_record, create_audited
 from core.services.validation import full_clean
 from registry.models import IndexDocument, RetrievalIndex
 
@@ -24,19 +24,14 @@ def index_create(*, actor: Principal, owner: Tenant, name: str, dimensions: int)
     actor.require(Scope.REGISTRY_WRITE, owner.pk)
     index = RetrievalIndex(owner=owner, name=name, dimensions=dimensions, created_by_name=actor.name)
     full_clean(index, exclude=["owner"])
-    try:
-        with transaction.atomic():
-            index.save()
-            audit_record(
-                actor=actor,
-                action="index.created",
-                target=index,
-                tenant=owner,
-                after={"name": name, "dimensions": dimensions},
-            )
-    except IntegrityError:
-        raise Conflict(f"Index {owner.slug}/{name} already exists.", code="already_exists") from None
-    return index
+    return create_audited(
+        actor=actor,
+        instance=index,
+        action="index.created",
+        tenant=owner,
+        after={"name": name, "dimensions": dimensions},
+        taken=f"Index {owner.slug}/{name} already exists.",
+    )
 
 
 def documents_put(*, actor: Principal, index: RetrievalIndex, documents: list[dict[str, Any]]) -> int:

@@ -11,7 +11,7 @@ from core.errors import Conflict, InvalidTransition, ValidationFailed
 from core.models import Tenant
 from core.principal import Principal
 from core.residency import processing_refusal, residency_of, residency_refusal, weights_of
-from core.services.audit import audit_record
+from core.services.audit import audit_record, create_audited
 from core.services.validation import full_clean
 from registry import selectors
 from registry.choices import PIPELINE_TRANSITIONS, PipelineStatus
@@ -25,19 +25,14 @@ def pipeline_create(*, actor: Principal, owner: Tenant | None, name: str, descri
     actor.require(Scope.REGISTRY_WRITE, owner.pk if owner else None)
     pipeline = Pipeline(owner=owner, name=name, description=description, created_by_name=actor.name)
     full_clean(pipeline, exclude=["owner"])
-    try:
-        with transaction.atomic():
-            pipeline.save()
-            audit_record(
-                actor=actor,
-                action="pipeline.created",
-                target=pipeline,
-                tenant=owner,
-                after={"name": name, "description": description},
-            )
-    except IntegrityError:
-        raise Conflict(f"Pipeline {pipeline.ref} already exists.", code="already_exists") from None
-    return pipeline
+    return create_audited(
+        actor=actor,
+        instance=pipeline,
+        action="pipeline.created",
+        tenant=owner,
+        after={"name": name, "description": description},
+        taken=f"Pipeline {pipeline.ref} already exists.",
+    )
 
 
 def pipeline_version_create(
