@@ -14,6 +14,7 @@ NAVIGATION = [
     "Deployments",
     "Rollouts",
     "Routing",
+    "Pipelines",
     "Costs",
     "Audit",
     "Tenants",
