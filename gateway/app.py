@@ -19,7 +19,7 @@ from gateway import contract
 from gateway.admission import request_priority
 from gateway.asgi import App, caller
 from gateway.balancer import engine_headers, mirror_target, track_of
-from gateway.breakers import RetryBudget
+from gateway.breakers import RetryBudget, broken_connection
 from gateway.config import RouteCache, Settings
 from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
@@ -36,7 +36,7 @@ from gateway.inbound import (
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition
 from gateway.mirror import MirrorCopy, Mirrors
-from gateway.pipelines import Addresses, PipelineRun, StageFailed
+from gateway.pipelines import Addresses, PipelineRun, StageFailed, pipeline_refusal, stage_request
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
@@ -228,60 +228,23 @@ class Gateway(App):
         pipeline: contract.PipelineRoute,
         payload: dict[str, Any],
     ) -> None:
-        """Run the tenant's pipeline (gateway/pipelines.py); each model stage is a request of its own
-        through ``handle``, with the client's own credentials."""
+        """Run the tenant's pipeline (gateway/pipelines.py): each model stage a request through ``handle``."""
         assert self.session is not None
-        messages = payload.get("messages")
-        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            return await reply.error(400, "messages must be a list of message objects.", "invalid_request")
-        if blocked := self.routes.view(tenant).get("blocked"):
-            return await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
-        if "unavailable" in pipeline:
-            return await reply.error(
-                503, f"{name} cannot run now: {pipeline['unavailable']}.", "pipeline_unavailable"
-            )
-        call = partial(self._stage_request, scope)
+        refused = pipeline_refusal(tenant, name, pipeline, payload, self.routes.view(tenant).get("blocked"))
+        if refused is not None:
+            return await reply.error(*refused)
+        call = partial(stage_request, self.handle, scope)
         run = PipelineRun(name, pipeline, payload, call, self.session, tenant, self.indexes, self.addresses)
         try:
             await run.run(send)
         except StageFailed as failed:
-            if not run.answering:
-                message = f"{name}: stage {failed.stage} failed: {failed.message}."
-                await reply.error(failed.status, message, failed.code)
+            if not run.answering:  # an answer already started cannot be replaced by an error
+                await reply.error(
+                    failed.status, f"{name}: stage {failed.stage} failed: {failed.message}.", failed.code
+                )
         finally:
             for stage, (outcome, seconds) in run.took.items():
                 self.metrics.stage(tenant, name, stage, outcome, seconds)
-
-    async def _stage_request(
-        self, scope: dict[str, Any], stage: tuple[str, str], path: str, body: dict[str, Any], send: Any | None
-    ) -> tuple[int, bytes]:
-        """A stage's request to a model, handled as a client's would be: the status, and the body when
-        ``send`` is None (else the response went to ``send``)."""
-        data = json.dumps(body).encode()
-        skip = {b"content-length", b"content-type"}
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in skip]
-        headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-        inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"", "headers": headers}
-        inner["pipeline"] = stage
-        status, kept = [0], list[bytes]()
-        delivered = asyncio.Event()
-
-        async def receive() -> dict[str, Any]:
-            if delivered.is_set():
-                await asyncio.Event().wait()  # no disconnect to report: the stage waits as long as it runs
-            delivered.set()
-            return {"type": "http.request", "body": data, "more_body": False}
-
-        async def answer(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            if send is not None:
-                await send(message)
-            elif message["type"] == "http.response.body":
-                kept.append(message.get("body", b""))
-
-        await self.handle(inner, receive, answer)
-        return status[0], b"".join(kept)
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any
@@ -626,14 +589,6 @@ class Gateway(App):
             )
             + self.metrics.text()
         )
-
-
-def broken_connection(exc: BaseException) -> bool:
-    """The connection broke before an answer (closed by the other side, a failed write), as opposed to no
-    connection at all (refused, unreachable), a timeout or a 5xx."""
-    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
-        exc, aiohttp.ClientConnectorError
-    )
 
 
 app = Gateway(Settings.from_env())

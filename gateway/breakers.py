@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import aiohttp
+
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 
 
@@ -82,3 +84,11 @@ class RetryBudget:
             "retries_in_flight": self.retries,
             "refused": self.refused,
         }
+
+
+def broken_connection(exc: BaseException) -> bool:
+    """The connection broke before an answer (closed by the other side, a failed write), as opposed to no
+    connection at all (refused, unreachable), a timeout or a 5xx."""
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
+        exc, aiohttp.ClientConnectorError
+    )

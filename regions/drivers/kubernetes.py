@@ -8,8 +8,7 @@ file, or a file path; never the kubeconfig itself in the database), with explici
 import json
 import math
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +48,7 @@ from regions.drivers.kubernetes_status import (
     settled_replicas,
     stalled,
 )
+from regions.drivers.throttle import at_most_every
 from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags
 
@@ -103,29 +103,14 @@ def build_api_client(cfg: KubernetesConfig) -> client.ApiClient:
         config_file=cfg.kubeconfig_path(), context=cfg.context or None, client_configuration=configuration
     )
     configuration.retries = 0  # the reconciler owns retries and backoff
+    # The kubeconfig loader's hook, run before every request, re-applies the whole kubeconfig (the host, and
+    # with it the proxies read from the environment) so that an expiring token is renewed. It renews
+    # minutes before the expiry: once a second is as safe, and a tenth of an apply's CPU cheaper.
     if configuration.refresh_api_key_hook is not None:
-        configuration.refresh_api_key_hook = _at_most_every(REFRESH_EVERY, configuration.refresh_api_key_hook)
+        configuration.refresh_api_key_hook = at_most_every(REFRESH_EVERY, configuration.refresh_api_key_hook)
     # One client per region, shared by a reconcile pass's threads: a connection each, kept alive.
     configuration.connection_pool_maxsize = 64  # the most a region's reconcile_concurrency may be
     return client.ApiClient(configuration)
-
-
-def _at_most_every(
-    seconds: float, hook: Callable[[client.Configuration], None], clock: Callable[[], float] = time.monotonic
-) -> Callable[[client.Configuration], None]:
-    """The kubeconfig loader's hook, run before every request, re-applies the whole kubeconfig (the host,
-    and with it the proxies read from the environment) so that an expiring token is renewed. It renews
-    minutes before the expiry, so running it once a second is as safe, and a tenth of an apply's CPU
-    cheaper."""
-    last = -math.inf
-
-    def refresh(configuration: client.Configuration) -> None:
-        nonlocal last
-        if clock() - last >= seconds:
-            last = clock()
-            hook(configuration)
-
-    return refresh
 
 
 MANAGED = f"app.kubernetes.io/managed-by={FIELD_MANAGER}"  # selects every object the platform applied

@@ -15,12 +15,19 @@ from core.api.conventions import etag, expected_revision, idempotent
 from core.api.parsers import utc_instant
 from core.api.views import ERRORS, PrincipalMixin
 from core.errors import ValidationFailed
+from core.models import Tenant
+from core.principal import Principal
 from registry import selectors
 from registry.api import serializers as s
 from registry.diff import lineage, version_diff
 from registry.engine_args import ENGINE_ARGS, vllm_available
 from registry.models import ModelVersion, Pipeline, PipelineVersion, RegisteredModel, RetrievalIndex
 from registry.services import indexes, lifecycle, models, pipelines, reports, versions
+
+
+def _owner(principal: Principal, slug: str) -> Tenant | None:
+    """The tenant a new model or pipeline is for (the caller must see it), or None for ``platform``."""
+    return None if slug == "platform" else core_selectors.tenant_get(principal, slug, None)
 
 
 class ModelScoped(PrincipalMixin):
@@ -60,9 +67,7 @@ class ModelListView(ModelScoped, generics.ListAPIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         owner_slug = fields.pop("owner")
-        owner = (
-            None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug, None)
-        )
+        owner = _owner(self.principal, owner_slug)
         model = models.model_register(actor=self.principal, owner=owner, **fields)
         return Response(
             s.ModelSerializer(model).data, status=201, headers={"ETag": etag(model.pk, model.revision)}
@@ -297,9 +302,7 @@ class PipelineListView(PipelineScoped, generics.ListAPIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         owner_slug = fields.pop("owner")
-        owner = (
-            None if owner_slug == "platform" else core_selectors.tenant_get(self.principal, owner_slug, None)
-        )
+        owner = _owner(self.principal, owner_slug)
         created = pipelines.pipeline_create(actor=self.principal, owner=owner, **fields)
         return Response(s.PipelineSerializer(created).data, status=201)
 

@@ -4,7 +4,7 @@ takes it) is tried again on a new connection, and costs the engine no ejection; 
 import aiohttp
 from aiohttp.client_reqrep import ConnectionKey
 
-from gateway.app import broken_connection
+from gateway.breakers import broken_connection
 from tests.support.gateway_harness import endpoint
 
 

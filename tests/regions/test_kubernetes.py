@@ -16,9 +16,9 @@ from regions.drivers.kubernetes import (
     SPEC_LABEL,
     KubernetesConfig,
     KubernetesDriver,
-    _at_most_every,
     render_manifests,
 )
+from regions.drivers.throttle import at_most_every
 from regions.engine_keys import engine_api_key
 from regions.models import Deployment, DeploymentTarget
 from regions.services.deployments import deployment_create, deployment_delete
@@ -350,7 +350,7 @@ def test_the_kubeconfig_credentials_are_re_read_at_most_once_a_second():
     and again once a second has passed (an expiring token is renewed minutes early)."""
     now = [100.0]
     calls: list[object] = []
-    refresh = _at_most_every(1.0, calls.append, clock=lambda: now[0])
+    refresh = at_most_every(1.0, calls.append, clock=lambda: now[0])
     for step in (0.0, 0.4, 0.5, 0.1, 2.0):  # at 100.0, 100.4, 100.9, 101.0, 103.0
         now[0] += step
         refresh("configuration")
