@@ -7,6 +7,8 @@
   ``prompt_weight`` of a completion token), scaled by utilization; the unused share is idle cost (platform
   overhead), never spread over tenants.
 - Evaluation capacity (a shadow candidate's GPUs) is the platform's ``EVALUATION`` cost, never a tenant's.
+- Pipeline stages: a tenant's rounded cents of a deployment-hour are split over the (pipeline, stage) pairs
+  its weighted tokens came from, by the same weighing, to the cent: the stages add up to the tenant's cents.
 - Conservation: for every (region, hour) the attributed cents plus the idle and evaluation cents equal the
   total cents; rounding remainders go to the largest fractional parts, ties by tenant name (deterministic).
 """
@@ -23,6 +25,8 @@ CENT = Decimal("0.01")
 HOUR = timedelta(hours=1)
 IDLE = ""  # the tenant key of idle cost
 EVALUATION = "(evaluation)"  # the tenant key of rollouts' evaluation cost (never a slug: no parentheses)
+Stage = tuple[str, str]  # (pipeline version, stage name) of a usage record
+NO_STAGE: Stage = ("", "")  # cost outside any pipeline: direct requests, idle, evaluation
 
 
 @dataclass(frozen=True)
@@ -135,3 +139,30 @@ def round_region_hour(
     keyed = {f"{d:012d}|{t}": v for (d, t), v in shares.items()}
     rounded = to_cents(keyed, total)
     return {(int(k.split("|", 1)[0]), k.split("|", 1)[1]): v for k, v in rounded.items()}
+
+
+def stage_shares(
+    cents: Decimal, gpu_hours: Decimal, weighted: dict[Stage, Decimal]
+) -> dict[Stage, tuple[Decimal, Decimal]]:
+    """A tenant's cents and GPU-hours of one deployment-hour by (pipeline, stage), in proportion to the
+    weighted tokens each pair used: cents to the cent and adding up to ``cents`` exactly (largest
+    remainder, ties by name), GPU-hours unrounded and adding up exactly. Without weighted tokens (idle,
+    evaluation, an owner's hour nobody used) it all stays ``NO_STAGE``."""
+    used = {stage: w for stage, w in weighted.items() if w > 0}
+    if not used:
+        return {NO_STAGE: (cents, gpu_hours)}
+    # PostgreSQL text never holds NUL, so the joined name cannot collide (to_cents ties break by name).
+    names = {"\0".join(stage): stage for stage in used}
+    rounded = to_cents(_spread(cents, used, names), cents)
+    hours = _spread(gpu_hours, used, names)
+    return {stage: (rounded[name], hours[name]) for name, stage in names.items()}
+
+
+def _spread(amount: Decimal, weights: dict[Stage, Decimal], names: dict[str, Stage]) -> dict[str, Decimal]:
+    """``amount`` over the weights in proportion, unrounded; the last part takes what division left over,
+    so the parts add up to ``amount`` exactly, not to within Decimal's precision."""
+    total = sum(weights.values(), Decimal(0))
+    parts = {name: amount * weights[stage] / total for name, stage in names.items()}
+    last = next(reversed(parts))
+    parts[last] = amount - sum((v for name, v in parts.items() if name != last), Decimal(0))
+    return parts

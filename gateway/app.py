@@ -25,6 +25,7 @@ from gateway.decisions import Decisions
 from gateway.fleet_limits import FleetLimits
 from gateway.hold import ClientGone, Held, HoldRefused, Holds
 from gateway.inbound import (
+    POOLING,
     Refused,
     bearer_digest,
     client_request_id,
@@ -304,7 +305,7 @@ class Gateway(App):
         if lookup is not None:  # keep the answer for the cache, as the client gets it
             reply.cache, seen.kept, seen.keep_limit = "miss", [], self.cache.max_entry_bytes
         asked_for_usage = payload.get("stream_options", {}).get("include_usage") is True
-        if stream and path != "/v1/embeddings":
+        if stream and path not in POOLING:
             # So the last event counts tokens; that usage-only event reaches the client only if it asked.
             payload.setdefault("stream_options", {})["include_usage"] = True
         affinity = session_key(headers, payload)
@@ -321,9 +322,7 @@ class Gateway(App):
         tried = set[str]()
         last_error, reconnected = "", False
         hashes = (
-            prompt_blocks(tenant, payload)
-            if self.settings.prefix_routing and path != "/v1/embeddings"
-            else []
+            prompt_blocks(tenant, payload) if self.settings.prefix_routing and path not in POOLING else []
         )
         # Whatever happens from here on (an engine failing mid-stream, the client gone, a bug), the
         # request is metered once, in ``finally``, with the usage seen so far: N forwarded requests make
@@ -506,7 +505,7 @@ class Gateway(App):
     ) -> str | None:
         """vLLM's ``cache_salt`` for this request: on a shared deployment always the tenant's own (a client's
         salt only subdivides it), so no tenant shares, or can time, another's cached prefixes."""
-        if not endpoint.get("shared") or path == "/v1/embeddings":
+        if not endpoint.get("shared") or path in POOLING:
             return client_salt  # the tenant's own engine (or no prefix cache): the client decides
         salt = self.routes.body.get("cache_salts", {}).get(tenant)
         if not salt:

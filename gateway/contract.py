@@ -109,7 +109,7 @@ class TenantLimits(TypedDict, total=False):
 
 
 # The model tasks a gateway runs as pipeline stages (rerank and classify: not yet).
-PIPELINE_TASKS = ("chat", "completion", "embed")
+PIPELINE_TASKS = ("chat", "completion", "embed", "rerank", "classify")
 
 
 class StageWhen(TypedDict):
@@ -136,6 +136,8 @@ class PipelineStage(TypedDict):
     route: NotRequired[str]  # model: the tenant's model name it calls, through the gateway's own routing
     task: NotRequired[str]  # model: chat, completion, embed, rerank, classify
     max_tokens: NotRequired[int]  # model
+    top_n: NotRequired[int]  # model, rerank: how many of the documents it passes on, best first
+    labels: NotRequired[list[str]]  # a stage giving a label (classify, http): every label it may give
     url: NotRequired[str]  # http
     jurisdiction: NotRequired[str]  # http: where the service runs (inside the tenant's residency)
     patterns: NotRequired[list[str]]  # redact: regular expressions

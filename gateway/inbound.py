@@ -7,7 +7,9 @@ from typing import Any
 
 from gateway import contract
 
-PROXIED = {"/v1/chat/completions", "/v1/completions", "/v1/embeddings"}
+# vLLM's pooling runner's endpoints: no sampling, no stream, no prefix cache to share or route by.
+POOLING = {"/v1/embeddings", "/v1/rerank", "/classify"}
+PROXIED = {"/v1/chat/completions", "/v1/completions", *POOLING}
 METHODS = {"/v1/models": "GET", **dict.fromkeys(PROXIED, "POST")}  # every path a gateway answers
 PREVIEW_HEADER = "x-rollout-track"
 TRACKS = (contract.STABLE, contract.CANDIDATE)

@@ -26,7 +26,11 @@ from gateway.retrieval import Indexes
 
 # How a model stage's task is asked of an engine, and what of its answer flows on.
 TASK_PATHS = dict(
-    zip(contract.PIPELINE_TASKS, ("/v1/chat/completions", "/v1/completions", "/v1/embeddings"), strict=True)
+    zip(
+        contract.PIPELINE_TASKS,
+        ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/classify"),
+        strict=True,
+    )
 )
 DEFAULT_MAX_TOKENS = 256  # a stage before the answer that sets none
 MAX_STAGE_ANSWER = 4 * 1024 * 1024  # bytes an http stage's service may answer
@@ -149,7 +153,7 @@ class PipelineRun:
         started, timeout = self.clock(), self._timeout(stage)
         outcome = "failed"
         try:
-            self.values[name] = await asyncio.wait_for(self._work(stage), timeout)
+            self.values[name] = _declared(stage, await asyncio.wait_for(self._work(stage), timeout))
             outcome = "ok"
         except Exception as exc:  # whatever went wrong, it is this stage's failure, named (never a 500)
             if stage["on_failure"] != "skip":
@@ -185,19 +189,10 @@ class PipelineRun:
             )
             return found
         tag = (self.route["version"], stage["name"])
-        status, body = await self.call(tag, TASK_PATHS[stage["task"]], self._model_body(stage, inputs), None)
+        status, body = await self.call(tag, TASK_PATHS[stage["task"]], _model_body(stage, inputs), None)
         if status != 200:
             raise StageFailed(stage["name"], 502, f"its model answered {status}: {_error_text(body)}")
-        return _model_output(stage["task"], json.loads(body))
-
-    def _model_body(self, stage: contract.PipelineStage, inputs: dict[str, Any]) -> dict[str, Any]:
-        value = next(iter(inputs.values()))
-        task, model = stage["task"], stage["route"]
-        if task == "embed":
-            return {"model": model, "input": value}
-        body: dict[str, Any] = {"model": model, "max_tokens": stage.get("max_tokens", DEFAULT_MAX_TOKENS)}
-        body["messages" if task == "chat" else "prompt"] = value
-        return body
+        return _model_output(stage, inputs, json.loads(body))
 
     async def _http(self, stage: contract.PipelineStage, inputs: dict[str, Any]) -> Any:
         """A tenant's own service: POST {"inputs": {...}}, answered {"output": ...}. Never to an address of
@@ -258,18 +253,76 @@ def _failure(stage: contract.PipelineStage, exc: BaseException, timeout: float) 
     return StageFailed(stage["name"], 502, f"{type(exc).__name__}: {exc}"[:300])
 
 
+SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "text": ("text", lambda v: isinstance(v, str)),
+    "messages": ("a list of messages", lambda v: isinstance(v, list) and all(isinstance(m, dict) for m in v)),
+    "vector": (
+        "a list of numbers",
+        lambda v: (
+            isinstance(v, list) and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+        ),
+    ),
+    "documents": (
+        'a list of {"text": …}',
+        lambda v: (
+            isinstance(v, list) and all(isinstance(d, dict) and isinstance(d.get("text"), str) for d in v)
+        ),
+    ),
+    "label": ("a label", lambda v: isinstance(v, str)),
+    "json": ("JSON", lambda v: True),
+}
+
+
+def _declared(stage: contract.PipelineStage, value: Any) -> Any:
+    """The stage's output if it is of the type the stage declares (a tenant's service may answer anything),
+    and, for a label, one of its labels: what would choose no branch, or one its author never meant,
+    fails the stage, named."""
+    what, fits = SHAPES[stage["output"]]
+    if not fits(value):
+        raise StageFailed(stage["name"], 502, f"its answer is not {what}")
+    labels = stage.get("labels")
+    if labels is not None and value not in labels:
+        raise StageFailed(stage["name"], 502, f"it answered {str(value)[:64]!r}, not one of its labels")
+    return value
+
+
+def _model_body(stage: contract.PipelineStage, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The engine request for a model stage's task (vLLM's OpenAI, rerank and classify APIs)."""
+    task, model = stage["task"], stage["route"]
+    if task == "rerank":
+        documents = [d["text"] for d in inputs["documents"]]
+        return {
+            "model": model,
+            "query": inputs["query"],
+            "documents": documents,
+            "top_n": stage.get("top_n", 0),
+        }
+    value = next(iter(inputs.values()))
+    if task in ("embed", "classify"):
+        return {"model": model, "input": value}
+    body: dict[str, Any] = {"model": model, "max_tokens": stage.get("max_tokens", DEFAULT_MAX_TOKENS)}
+    body["messages" if task == "chat" else "prompt"] = value
+    return body
+
+
+def _model_output(stage: contract.PipelineStage, inputs: dict[str, Any], answer: dict[str, Any]) -> Any:
+    task = stage["task"]
+    if task == "embed":
+        return answer["data"][0]["embedding"]
+    if task == "classify":
+        return answer["data"][0]["label"]
+    if task == "rerank":  # the documents as they came, best first, each with its new score
+        documents = inputs["documents"]
+        return [{**documents[r["index"]], "score": float(r["relevance_score"])} for r in answer["results"]]
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if task == "chat" else choice["text"]
+
+
 def _error_text(body: bytes) -> str:
     try:
         return str(json.loads(body)["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return body[:300].decode("utf-8", "replace")
-
-
-def _model_output(task: str, answer: dict[str, Any]) -> Any:
-    if task == "embed":
-        return answer["data"][0]["embedding"]
-    choice = answer["choices"][0]
-    return choice["message"]["content"] if task == "chat" else choice["text"]
 
 
 def _rendered(value: Any) -> str:

@@ -29,6 +29,9 @@ OPERATIONS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "text_completion",
     "/v1/embeddings": "embeddings",
+    # Names of our own (the GenAI conventions define none for these): documented in docs/pipelines.md.
+    "/v1/rerank": "rerank",
+    "/classify": "classify",
 }
 PROPAGATOR = TraceContextTextMapPropagator()
 

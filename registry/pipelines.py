@@ -41,13 +41,14 @@ MODEL_TASKS: dict[str, tuple[dict[str, str], str]] = {
     "rerank": ({"query": TEXT, "documents": DOCUMENTS}, DOCUMENTS),
     "classify": ({"text": TEXT}, LABEL),
 }
-# Which registry model task serves each stage task.
+# Which registry model tasks serve each stage task. An embedding model reranks too: vLLM scores a query
+# and a document by the cosine of their embeddings (a bi-encoder); a reranking model scores them together.
 SERVED_BY = {
-    "chat": "chat",
-    "completion": "chat",
-    "embed": "embedding",
-    "rerank": "reranking",
-    "classify": "classification",
+    "chat": ("chat",),
+    "completion": ("chat",),
+    "embed": ("embedding",),
+    "rerank": ("reranking", "embedding"),
+    "classify": ("classification",),
 }
 REDACTIONS = {
     "email": r"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}",
@@ -58,7 +59,7 @@ REDACTIONS = {
 }
 COMMON = {"name", "kind", "input", "timeout_ms", "on_failure", "when"}
 KIND_FIELDS = {
-    "model": {"task", "model", "alias", "version", "labels", "max_tokens"},
+    "model": {"task", "model", "alias", "version", "labels", "max_tokens", "top_n"},
     "http": {"url", "secret", "jurisdiction", "output", "labels"},
     "retrieve": {"index", "top_k"},
     "redact": {"patterns", "replacement"},
@@ -272,6 +273,10 @@ def _model(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
         config["alias"] = _text(raw.get("alias", "production"), where + ".alias", NAME, "an alias name")
     if "max_tokens" in raw:
         config["max_tokens"] = _integer(raw["max_tokens"], where + ".max_tokens", 1, 1_000_000)
+    if "top_n" in raw:
+        if task != "rerank":
+            raise Refused(where + ".top_n", "only a rerank stage has top_n")
+        config["top_n"] = _integer(raw["top_n"], where + ".top_n", 1, 50)
     labels: frozenset[str] = frozenset()
     if task == "classify":
         labels = _labels(raw.get("labels"), where)

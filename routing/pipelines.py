@@ -59,9 +59,6 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> St
 
 
 def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> StagePlan:
-    if stage.config["task"] not in contract.PIPELINE_TASKS:
-        refusal = f"gateways do not run {stage.config['task']} stages yet"
-        return StagePlan(stage.name, stage.kind, stage.config["model"], refusal=refusal)
     version = registry_selectors.stage_version(stage.config)
     if version is None:
         return StagePlan(stage.name, stage.kind, stage.config["model"], refusal="no version to run")
@@ -146,6 +143,8 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
     }
     if stage.on_failure == "skip":
         wire["passes"] = stage.passes
+    if stage.labels:
+        wire["labels"] = sorted(stage.labels)
     if stage.when is not None:
         wire["when"] = {
             "stage": stage.when.stage,
@@ -155,8 +154,9 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
     config = stage.config
     if stage.kind == "model":
         wire["route"], wire["task"] = plan.route, config["task"]
-        if "max_tokens" in config:
-            wire["max_tokens"] = config["max_tokens"]
+        for optional in ("max_tokens", "top_n"):
+            if optional in config:
+                wire[optional] = config[optional]  # type: ignore[literal-required]
     elif stage.kind == "http":
         wire["url"], wire["jurisdiction"] = config["url"], config["jurisdiction"]
     elif stage.kind == "redact":

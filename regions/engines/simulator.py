@@ -2,7 +2,9 @@
 
 For fast tests and for demo machines without the memory for real engines; the integration tests run the
 real vLLM. It answers /health, /version, /v1/models, /v1/chat/completions and /v1/completions (plain and
-streamed as server-sent events), /v1/embeddings and /metrics with the ``vllm:*`` series a router reads.
+streamed as server-sent events), /v1/embeddings, /v1/rerank, /classify and /metrics with the ``vllm:*``
+series a router reads. Its reranker scores a document by the words it shares with the query; its
+classifier answers the first word of the text as the label (so a test chooses the label it sends).
 Tokens are counted roughly (4 characters each) and the text is random words. Time to first token is a
 real ``vllm:time_to_first_token_seconds`` histogram with vLLM's buckets; ``--ttft-delay`` adds seconds
 before every first token, to make one engine measurably slower than another.
@@ -194,6 +196,10 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(404, {"error": {"message": message, "type": "NotFoundError", "code": 404}})
         if self.path == "/v1/embeddings":
             return self._embeddings(body)
+        if self.path == "/v1/rerank":
+            return self._rerank(body)
+        if self.path == "/classify":
+            return self._classify(body)
         if self.path not in {"/v1/chat/completions", "/v1/completions"}:
             return self._json(404, {"error": {"message": "Not Found", "type": "NotFoundError", "code": 404}})
         chat = self.path == "/v1/chat/completions"
@@ -292,6 +298,44 @@ class Handler(BaseHTTPRequestHandler):
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             },
         )
+
+    def _pooled(self, tokens: int, answer: dict[str, Any]) -> None:
+        self.engine.count(tokens, 0)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        self._json(200, {"model": self.engine.name, **answer, "usage": usage})
+
+    def _rerank(self, body: dict[str, Any]) -> None:
+        query, documents = _words(body.get("query")), body.get("documents") or []
+        if not isinstance(documents, list):
+            documents = [documents]
+        ranked = sorted(enumerate(documents), key=lambda item: -_overlap(query, _words(item[1])))
+        scored = [
+            {"index": i, "document": {"text": str(d)}, "relevance_score": _overlap(query, _words(d))}
+            for i, d in ranked
+        ]
+        top_n = body.get("top_n") or len(scored)
+        tokens = sum(max(1, len(str(x)) // 4) for x in [body.get("query"), *documents])
+        self._pooled(tokens, {"id": f"rerank-{uuid.uuid4().hex}", "results": scored[:top_n]})
+
+    def _classify(self, body: dict[str, Any]) -> None:
+        inputs = body.get("input") or [""]
+        inputs = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"index": i, "label": (_words(x) or ["none"])[0], "probs": [1.0], "num_classes": 1}
+            for i, x in enumerate(inputs)
+        ]
+        tokens = sum(max(1, len(str(x)) // 4) for x in inputs)
+        self._pooled(tokens, {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "data": data})
+
+
+def _words(text: Any) -> list[str]:
+    return [w.strip(".,;:!?\"'()").lower() for w in str(text or "").split() if w.strip(".,;:!?\"'()")]
+
+
+def _overlap(query: list[str], document: list[str]) -> float:
+    """Jaccard similarity of the two texts' words: 1.0 for the same words, 0.0 for none shared."""
+    union = set(query) | set(document)
+    return round(len(set(query) & set(document)) / len(union), 4) if union else 0.0
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -142,7 +142,7 @@ def _model_stage(owner: Tenant | None, stage: Stage) -> None:
     model = selectors.model_named(ref)
     if model is None or not selectors.usable_by(model, owner):
         raise _refused(stage, "model", f"no model {ref} that {_whose(owner)} pipelines may use")
-    if model.task != SERVED_BY[stage.config["task"]]:
+    if model.task not in SERVED_BY[stage.config["task"]]:
         raise _refused(
             stage, "task", f"{ref} is a {model.task} model; a {stage.config['task']} stage needs one"
         )

@@ -3,11 +3,13 @@ stages): stages in order, side by side where they can be, conditional routes, re
 leaves, timeouts and the budget with their policies, and the answer streamed by its model."""
 
 import threading
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-from tests.support.gateway_harness import GatewayWorld, Service
+from regions.engines.simulator import Engine, Handler
+from tests.support.gateway_harness import GatewayWorld, Service, endpoint
 
 
 def http(
@@ -315,3 +317,98 @@ def test_http_stages_do_not_reach_the_gateways_own_networks(tmp_path, services):
         assert facts.got == []
     finally:
         closed.close()
+
+
+@pytest.fixture
+def pooling_engine(gw):
+    """The simulator (vLLM's rerank and classify APIs) as the engine of acme's ranker and topics."""
+    Handler.engine = Engine("m", max_model_len=2048)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    models = gw.gateway.routes.body["tenants"]["acme"]["models"]
+    for name in ("ranker", "topics"):
+        models[name] = {"endpoints": [endpoint(url)], "preferred": "eu-west-1"}
+    yield url
+    server.shutdown()
+
+
+def model_stage(name: str, task: str, inputs: dict[str, str], output: str, **more: Any) -> dict:
+    stage = {"name": name, "kind": "model", "inputs": inputs, "output": output, "timeout_ms": None}
+    return {**stage, "on_failure": "fail", "task": task, **more}
+
+
+def test_a_reranker_orders_the_documents_and_a_classifier_chooses_the_answer(gw, services, pooling_engine):
+    library = services(
+        lambda i: [{"text": "Shipping takes two days."}, {"text": "Refund requests take thirty days."}]
+    )
+    rerank = model_stage(
+        "rank",
+        "rerank",
+        {"query": "request.query", "documents": "found"},
+        "documents",
+        route="ranker",
+        top_n=1,
+    )
+    topic = model_stage("topic", "classify", {"text": "request.query"}, "label", route="topics")
+    topic["labels"] = ["billing", "shipping"]
+    prompt = {**PROMPT, "inputs": {"facts": "rank", "question": "request.query"}}
+    billing = {**ANSWER, "when": {"stage": "topic", "labels": ["billing"], "otherwise": False}}
+    general = {
+        **ANSWER,
+        "name": "general",
+        "route": "shared",
+        "when": {"stage": "topic", "labels": [], "otherwise": True},
+    }
+    route = pipeline(
+        http("found", library, "request.query", output="documents"),
+        rerank,
+        topic,
+        prompt,
+        billing,
+        general,
+        output=["answer", "general"],
+    )
+    offer(gw, "support", route)
+    answered = ask(gw, question="billing: how long do refund requests take?")
+    assert answered.status == 200
+    sent = gw.engine.seen[-1]["body"]
+    assert sent["messages"][-1]["content"].startswith(
+        "Facts: [1] Refund requests take thirty days.\nQuestion"
+    )
+    assert "Shipping" not in sent["messages"][-1]["content"]  # top_n 1: the best document only
+    assert gw.ship() == 3  # rerank, classify and the answer: each metered as the request it is
+    stages = {r["stage"]: r for r in gw.control.records}
+    assert stages.keys() == {"rank", "topic", "answer"} and stages["rank"]["model_name"] == "ranker"
+    assert stages["rank"]["prompt_tokens"] > 0 and stages["topic"]["prompt_tokens"] > 0
+    # A label the classifier does not declare fails it, named (it would choose no branch).
+    odd = ask(gw, question="weather today?")
+    assert odd.status == 502
+    assert (
+        "stage topic failed: it answered 'weather', not one of its labels" in odd.json()["error"]["message"]
+    )
+
+
+def test_a_stage_answering_another_type_than_it_declares_fails_by_name(gw, services):
+    vector = services(lambda i: "not a vector")
+    search = services(lambda i: [{"title": "no text"}])
+    prompt = {**PROMPT, "inputs": {"facts": "found", "question": "request.query"}}
+    for stage, what in (
+        (http("found", vector, "request.query", output="vector"), "a list of numbers"),
+        (http("found", search, "request.query", output="documents"), 'a list of {"text": …}'),
+    ):
+        offer(gw, "support", pipeline(stage, prompt, ANSWER))
+        failed = ask(gw)
+        assert failed.status == 502
+        assert f"stage found failed: its answer is not {what}" in failed.json()["error"]["message"]
+
+
+def test_clients_call_rerank_and_classify_models_directly(gw, pooling_engine):
+    ranked = gw.call(
+        "POST", "/v1/rerank", body={"model": "ranker", "query": "cat", "documents": ["a dog", "the cat"]}
+    )
+    assert ranked.status == 200 and ranked.json()["results"][0]["document"]["text"] == "the cat"
+    labelled = gw.call("POST", "/classify", body={"model": "topics", "input": "billing question"})
+    assert labelled.status == 200 and labelled.json()["data"][0]["label"] == "billing"
+    assert gw.ship() == 2
+    assert {r["model_name"] for r in gw.control.records} == {"ranker", "topics"}

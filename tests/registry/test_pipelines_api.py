@@ -134,6 +134,7 @@ BAD = [
     ({"embed": {"model": "acme/nothing"}}, "stages.embed.model", "no model acme/nothing"),
     ({"answer": {"model": "globex/secret-bot"}}, "stages.answer.model", "no model globex/secret-bot"),
     ({"embed": {"model": "acme/llama-3-8b"}}, "stages.embed.task", "is a chat model"),
+    ({"rerank": {"model": "acme/llama-3-8b"}}, "stages.rerank.task", "is a chat model"),
     ({"answer": {"version": "9.9.9"}}, "stages.answer.version", "has no version 9.9.9"),
     ({"answer": {"alias": "canary"}}, "stages.answer.alias", "points at no version"),
     (
@@ -165,6 +166,13 @@ def test_a_bad_version_is_refused_naming_the_stage_and_nothing_is_written(
     error = refused.json()["error"]
     assert list(error["detail"]) == [where] and words in error["message"], error
     assert (PipelineVersion.objects.count(), AuditEvent.objects.count()) == written
+
+
+def test_an_embedding_model_may_rerank_by_the_cosine_of_its_embeddings(world, api, pipeline):
+    defined = define(api(world.alice), rerank={"model": "acme/minilm", "top_n": 2})
+    assert defined.status_code == 201, defined.json()
+    (rerank,) = [s for s in defined.json()["graph"]["stages"] if s["name"] == "rerank"]
+    assert (rerank["model"], rerank["top_n"]) == ("acme/minilm", 2)
 
 
 def test_a_version_whose_weights_may_not_serve_the_owner_is_refused(world, api, models):
