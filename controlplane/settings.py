@@ -40,6 +40,9 @@ if not SECRET_KEY:
 # The root every deployment's engine API key is derived from (regions/engine_keys.py); changing it
 # rotates every key (the engines restart with theirs, gateways get theirs with the next route table).
 ENGINE_KEY_SECRET = env_str("ENGINE_KEY_SECRET") or SECRET_KEY
+# The key tenants' secrets are sealed with at rest (core/sealing.py). Changing it makes every stored
+# secret unreadable: the tenants must store them again.
+TENANT_SECRETS_KEY = env_str("TENANT_SECRETS_KEY") or SECRET_KEY
 
 INSTALLED_APPS = [
     "django.contrib.auth",

@@ -63,6 +63,7 @@ class Scope(models.TextChoices):
     BILLING_READ = "billing:read", "Read costs and budgets"
     BILLING_WRITE = "billing:write", "Manage prices and budgets"
     MODELS_INVOKE = "models:invoke", "Call the tenant's models through the gateway"
+    SECRETS_WRITE = "secrets:write", "Store, rotate and delete the tenant's secrets (values are write-only)"
     GATEWAY_SYNC = "gateway:sync", "Fetch the gateway configuration (routes, token digests) and send usage"
 
 
@@ -93,6 +94,7 @@ TENANT_ROLE_SCOPES: dict[str, frozenset[str]] = {
             Scope.DEPLOYMENTS_WRITE,
             Scope.BILLING_READ,
             Scope.MODELS_INVOKE,
+            Scope.SECRETS_WRITE,
         }
     ),
     TenantRole.VIEWER: frozenset(

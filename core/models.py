@@ -6,7 +6,7 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone
 
@@ -160,6 +160,29 @@ class ServiceAccount(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}" if self.tenant else f"platform/{self.name}"
+
+
+class TenantSecret(models.Model):
+    """A tenant's secret (an API key its pipelines' ``http`` stages send to its own services), referred to
+    by name everywhere. Only sealed (core/sealing.py: AES-GCM, bound to the tenant and the name) is it
+    stored; its value is never shown again, only its revision, which moves on every change."""
+
+    owner = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
+    name = models.CharField(max_length=63, validators=[RegexValidator(r"^[a-z][a-z0-9-]{0,62}$")])
+    sealed = models.BinaryField()
+    revision = models.PositiveIntegerField(default=1)
+    updated_by_name = models.CharField(max_length=150)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="secret_unique_name_per_tenant")
+        ]
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.owner.slug}/{self.name}"
 
 
 class ApiToken(models.Model):

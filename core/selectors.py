@@ -19,6 +19,7 @@ from core.models import (
     Operation,
     ServiceAccount,
     Tenant,
+    TenantSecret,
     User,
 )
 from core.principal import Principal
@@ -195,3 +196,16 @@ def operation_get(principal: Principal, pk: str) -> Operation:
     if operation is None:
         raise NotFound(f"No operation {pk}.")
     return operation
+
+
+def secrets_of(principal: Principal, tenant: Tenant) -> QuerySet[TenantSecret]:
+    """A tenant's secrets (names and revisions: values are never read out), for its readers."""
+    principal.require(Scope.TENANTS_READ, tenant.pk)
+    return TenantSecret.objects.filter(owner=tenant)
+
+
+def secret_get(principal: Principal, tenant: Tenant, name: str) -> TenantSecret:
+    secret = secrets_of(principal, tenant).filter(name=name).first()
+    if secret is None:
+        raise NotFound(f"No secret '{tenant.slug}/{name}'.")
+    return secret

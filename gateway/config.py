@@ -143,9 +143,10 @@ class RouteCache:
         path = self.settings.cache_file
         if path:
             partial = path.with_suffix(".partial")
-            partial.write_text(
-                json.dumps({"body": self.body, "etag": self.etag, "generation": self.generation})
-            )
+            partial.unlink(missing_ok=True)
+            # Readable by the gateway's user only: the table carries engine keys and tenants' secrets.
+            with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+                json.dump({"body": self.body, "etag": self.etag, "generation": self.generation}, out)
             partial.replace(path)  # atomic: a crash never leaves half a table
 
     def tenant_of(self, digest: str, requested: str | None) -> str | None:

@@ -140,6 +140,9 @@ class PipelineStage(TypedDict):
     labels: NotRequired[list[str]]  # a stage giving a label (classify, http): every label it may give
     url: NotRequired[str]  # http
     jurisdiction: NotRequired[str]  # http: where the service runs (inside the tenant's residency)
+    secret: NotRequired[str]  # http: the name of the calling tenant's secret it sends as a bearer token
+    secret_revision: NotRequired[int]  # http: that secret's revision (a new one publishes a new table)
+    secret_value: NotRequired[str]  # http: its value, in the gateways' copy of the table only
     patterns: NotRequired[list[str]]  # redact: regular expressions
     replacement: NotRequired[str]  # redact
     template: NotRequired[str]  # template: a format string over the inputs

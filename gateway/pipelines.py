@@ -200,7 +200,14 @@ class PipelineRun:
         reading more than MAX_STAGE_ANSWER bytes."""
         await self.addresses.check(stage["name"], stage["url"])
         sent = {"inputs": inputs}
-        async with self.session.post(stage["url"], json=sent, allow_redirects=False) as answered:
+        headers = {}
+        if "secret" in stage:  # the tenant's own secret: without its value, the stage is not called at all
+            if "secret_value" not in stage:
+                raise StageFailed(stage["name"], 503, f"its secret {stage['secret']} cannot be read")
+            headers["Authorization"] = f"Bearer {stage['secret_value']}"
+        async with self.session.post(
+            stage["url"], json=sent, headers=headers, allow_redirects=False
+        ) as answered:
             if answered.status != 200:
                 raise StageFailed(stage["name"], 502, f"its service answered {answered.status}")
             body = bytearray()

@@ -10,6 +10,7 @@ from django.db.models import Case, Q, When
 
 from core.models import Tenant
 from core.residency import processing_refusal, residency_of
+from core.services.secrets import secret_revision
 from gateway import contract
 from regions.choices import DeploymentState
 from regions.models import Deployment
@@ -28,7 +29,7 @@ class StagePlan:
     regions: tuple[str, ...] = ()  # a model stage's regions with an engine up, in the route's order
     refusal: str = ""  # why it cannot run for this tenant now ('' when it can)
     route: str = ""  # a model stage: the tenant's model name the gateway calls for it
-    revision: int = 0  # a retrieve stage: its index's revision
+    revision: int = 0  # a retrieve stage: its index's revision; an http stage: its secret's
 
 
 def pipeline_plan(tenant: Tenant, version: PipelineVersion, table: contract.RouteTable) -> list[StagePlan]:
@@ -44,9 +45,12 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> St
     if stage.kind == "http":
         jurisdiction = stage.config["jurisdiction"]
         refusal = processing_refusal(residency_of(tenant), jurisdiction) or ""
-        if not refusal and "secret" in stage.config:
-            refusal = "gateways do not send secrets to http stages yet"
-        return StagePlan(stage.name, stage.kind, f"{stage.config['url']} ({jurisdiction})", refusal=refusal)
+        secret, revision = stage.config.get("secret"), 0
+        if secret and not refusal:  # the calling tenant's own secret of that name
+            revision = secret_revision(tenant, secret) or 0
+            refusal = "" if revision else f"{tenant.slug} has no secret {secret}"
+        serves = f"{stage.config['url']} ({jurisdiction})"
+        return StagePlan(stage.name, stage.kind, serves, refusal=refusal, revision=revision)
     if stage.kind == "retrieve":
         index = registry_selectors.tenant_index(tenant, stage.config["index"])
         serves = f"index {stage.config['index']} (in the gateway)"
@@ -159,6 +163,8 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
                 wire[optional] = config[optional]  # type: ignore[literal-required]
     elif stage.kind == "http":
         wire["url"], wire["jurisdiction"] = config["url"], config["jurisdiction"]
+        if "secret" in config:  # its name and revision: only the gateways' copy of the table has its value
+            wire["secret"], wire["secret_revision"] = config["secret"], plan.revision
     elif stage.kind == "redact":
         wire["patterns"] = [REDACTIONS[p] if isinstance(p, str) else p["regex"] for p in config["patterns"]]
         wire["replacement"] = config["replacement"]

@@ -19,6 +19,7 @@ from core.models import ApiToken, Tenant
 from core.principal import Principal
 from core.residency import weights_of
 from core.selectors import scoped, visible_tenant_slugs
+from core.services import secrets
 from gateway import contract
 from regions.choices import DeploymentState, RegionStatus, TargetRole, TargetStatus
 from regions.engine_keys import engine_api_key, key_fingerprint
@@ -325,9 +326,10 @@ def _tenants_of(token: ApiToken) -> list[Tenant]:
     return [token.tenant] if token.tenant is not None else []
 
 
-def with_engine_keys(body: contract.RouteTable) -> contract.RouteTable:
-    """The table as gateways get it: every endpoint with its deployment's engine API key (a copy: the
-    stored table, which people and exports read, has none)."""
+def for_gateways(body: contract.RouteTable) -> contract.RouteTable:
+    """The table as gateways get it: every endpoint with its deployment's engine API key, every pipeline's
+    ``http`` stage with the value of the tenant's secret it sends (a copy: the stored table, which people
+    and exports read, has neither)."""
     keys: dict[int, str] = {}
     tenants = {
         slug: {
@@ -342,10 +344,23 @@ def with_engine_keys(body: contract.RouteTable) -> contract.RouteTable:
                 }
                 for name, route in view["models"].items()
             },
+            **({"pipelines": _with_secrets(slug, view["pipelines"])} if "pipelines" in view else {}),
         }
         for slug, view in body.get("tenants", {}).items()
     }
     return {**body, "tenants": tenants}  # type: ignore[typeddict-item]
+
+
+def _with_secrets(tenant: str, pipelines: dict[str, contract.PipelineRoute]) -> dict[str, Any]:
+    def stage(wire: contract.PipelineStage) -> contract.PipelineStage:
+        if "secret" not in wire:
+            return wire
+        value = secrets.secret_value(tenant, wire["secret"])
+        return {**wire, "secret_value": value} if value is not None else wire
+
+    return {
+        name: {**route, "stages": [stage(s) for s in route["stages"]]} for name, route in pipelines.items()
+    }
 
 
 def engine_keys_tag() -> str:

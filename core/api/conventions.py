@@ -106,6 +106,24 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StrictCharField(serializers.CharField):
+    """A JSON string and nothing else: DRF's CharField would take ``5`` as ``"5"``."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer and nothing else: DRF's IntegerField would take ``"3"`` and ``3.0``."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
 def etag(pk: Any, revision: int) -> str:
     return f'"{pk}-{revision}"'
 

@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from core.api.conventions import StrictSerializer
+from core.api.conventions import StrictCharField, StrictSerializer
 from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Priority, TenantRole, TenantStatus
 from core.models import (
     ApiToken,
@@ -15,6 +15,7 @@ from core.models import (
     Operation,
     ServiceAccount,
     Tenant,
+    TenantSecret,
     User,
 )
 from core.services.tenants import TENANT_FIELDS
@@ -104,6 +105,21 @@ class MembershipSerializer(serializers.ModelSerializer):
 class MembershipSetSerializer(StrictSerializer):
     username = serializers.CharField(max_length=150)
     role = serializers.ChoiceField(TenantRole.choices)
+
+
+class SecretSerializer(serializers.ModelSerializer):
+    """A secret as anyone may read it: never its value."""
+
+    tenant = serializers.CharField(source="owner.slug", read_only=True)
+
+    class Meta:
+        model = TenantSecret
+        fields = ["tenant", "name", "revision", "updated_by_name", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class SecretWriteSerializer(StrictSerializer):
+    value = StrictCharField(max_length=4096, trim_whitespace=False, write_only=True)
 
 
 class InvitationSerializer(serializers.ModelSerializer):

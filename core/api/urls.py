@@ -36,6 +36,7 @@ router.register(
     views.TenantInvitationViewSet,
     basename="tenant-invitation",
 )
+router.register(r"tenants/(?P<tenant_slug>[-\w]+)/secrets", views.SecretViewSet, basename="secret")
 router.register("invitations", views.InvitationViewSet, basename="invitation")
 router.register("users", views.UserViewSet, basename="user")
 router.register("service-accounts", views.ServiceAccountViewSet, basename="service-account")

@@ -22,7 +22,7 @@ from core.choices import Scope
 from core.errors import NotFound
 from core.models import ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
 from core.principal import Principal
-from core.services import operations, tenants, tokens, users
+from core.services import operations, secrets, tenants, tokens, users
 
 SECRET_NOT_REPLAYED = (
     "The secret is shown only once, in the first response, and is never stored, so this replay cannot"
@@ -124,6 +124,44 @@ class MemberViewSet(PrincipalMixin, viewsets.ViewSet):
         if membership is None:
             raise NotFound(f"'{pk}' is not a member of {tenant.slug}.")
         tenants.membership_remove(actor=self.principal, membership=membership)
+        return Response(status=204)
+
+
+class SecretViewSet(PrincipalMixin, viewsets.ViewSet):
+    """Secrets of one tenant: /tenants/{slug}/secrets/{name}/. Values go in (PUT) and never come out."""
+
+    serializer_class = s.SecretSerializer
+    lookup_value_regex = r"[a-z][a-z0-9-]{0,62}"
+
+    @extend_schema(responses={200: s.SecretSerializer(many=True), **ERRORS})
+    def list(self, request: Request, tenant_slug: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        return Response(s.SecretSerializer(selectors.secrets_of(self.principal, tenant), many=True).data)
+
+    @extend_schema(responses={200: s.SecretSerializer, **ERRORS})
+    def retrieve(self, request: Request, tenant_slug: str, pk: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        return Response(s.SecretSerializer(selectors.secret_get(self.principal, tenant, pk)).data)
+
+    @extend_schema(
+        request=s.SecretWriteSerializer,
+        responses={200: s.SecretSerializer, 201: s.SecretSerializer, **ERRORS},
+    )
+    def update(self, request: Request, tenant_slug: str, pk: str) -> Response:
+        """Store the secret, or replace its value (its revision moves on)."""
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        data = s.SecretWriteSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        secret, created = secrets.secret_put(
+            actor=self.principal, owner=tenant, name=pk, value=data.validated_data["value"]
+        )
+        return Response(s.SecretSerializer(secret).data, status=201 if created else 200)
+
+    @extend_schema(responses={204: None, **ERRORS})
+    def destroy(self, request: Request, tenant_slug: str, pk: str) -> Response:
+        tenant = selectors.tenant_get(self.principal, tenant_slug, None)
+        secret = selectors.secret_get(self.principal, tenant, pk)
+        secrets.secret_delete(actor=self.principal, secret=secret)
         return Response(status=204)
 
 

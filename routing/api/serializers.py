@@ -1,30 +1,11 @@
 """Shapes of the routing API: the activation a gateway asks for, and the outputs (the route table itself
 is ``gateway/contract.py``'s)."""
 
-from typing import Any
 
 from rest_framework import serializers
 
-from core.api.conventions import StrictSerializer
+from core.api.conventions import StrictCharField, StrictIntegerField, StrictSerializer
 from routing.models import EndpointHealth, ResponseCachePolicy, RoutingEvent
-
-
-class StrictCharField(serializers.CharField):
-    """A JSON string and nothing else: DRF's CharField would take ``5`` as ``"5"``."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(data))
-
-
-class StrictIntegerField(serializers.IntegerField):
-    """A JSON integer and nothing else: DRF's IntegerField would take ``"3"`` and ``3.0``."""
-
-    def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return int(super().to_internal_value(data))
 
 
 class ActivationSerializer(StrictSerializer):

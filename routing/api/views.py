@@ -72,8 +72,8 @@ class RouteTableView(PrincipalMixin):
 class GatewayConfigView(PrincipalMixin):
     @extend_schema(responses={200: dict, 304: None, **ERRORS}, parameters=LONG_POLL)
     def get(self, request: Request) -> Response:
-        """Everything a gateway needs: every tenant's routes with the engines' API keys, and the token
-        digests (``gateway:sync``)."""
+        """Everything a gateway needs: every tenant's routes with the engines' API keys and the secrets
+        its pipelines' http stages send, and the token digests (``gateway:sync``)."""
         self.principal.require(Scope.GATEWAY_SYNC)
         # The engines' keys are in this answer only (not in the table stored or shown): its ETag names
         # their generation too, so a new root key reaches every gateway at once.
@@ -84,7 +84,7 @@ class GatewayConfigView(PrincipalMixin):
         config: contract.GatewayConfig = {
             "generation": table.generation,
             "etag": etag,
-            "table": selectors.with_engine_keys(table.body),
+            "table": selectors.for_gateways(table.body),
         }
         return _conditional(request, etag, config)
 

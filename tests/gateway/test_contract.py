@@ -77,7 +77,7 @@ def test_the_route_table_has_exactly_the_contracts_fields() -> None:
     assert set(served["limits"]) <= _keys(contract.TenantLimits)
     route = served["models"]["chat"]
     assert set(route) == contract.Route.__required_keys__  # served: no "unavailable"
-    # Every field but the engines' key: only the gateways' copy has it (routing.selectors.with_engine_keys).
+    # Every field but the engines' key: only the gateways' copy has it (routing.selectors.for_gateways).
     assert set(route["endpoints"][0]) == _keys(contract.Endpoint) - {"api_key"}
     unserved = route_table(policies, [placement(ready=False)])["acme"]["models"]["chat"]
     assert set(unserved) == _keys(contract.Route) - {

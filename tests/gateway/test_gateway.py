@@ -127,6 +127,7 @@ def test_the_gateway_keeps_serving_from_its_cached_table_when_the_control_plane_
     alice = fleet["tokens"]["alice"]
     cache = tmp_path / "routes.json"
     assert json.loads(cache.read_text())["generation"] >= 1
+    assert cache.stat().st_mode & 0o777 == 0o600  # engine keys and tenants' secrets: the gateway's alone
     fleet["gateway"].stop()
     dead_control_plane = f"http://127.0.0.1:{free_port()}"
     again = Gateway(dead_control_plane, "irrelevant", cache, tmp_path / "gateway2.log")

@@ -412,3 +412,21 @@ def test_clients_call_rerank_and_classify_models_directly(gw, pooling_engine):
     assert labelled.status == 200 and labelled.json()["data"][0]["label"] == "billing"
     assert gw.ship() == 2
     assert {r["model_name"] for r in gw.control.records} == {"ranker", "topics"}
+
+
+def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, services):
+    facts = services(lambda i: "facts")
+    keyed = http("facts", facts, "clean", secret="search-key", secret_revision=1, secret_value="tok-1")
+    offer(gw, "support", pipeline(REDACT, keyed, PROMPT, ANSWER))
+    assert ask(gw).status == 200 and facts.authorizations == ["Bearer tok-1"]
+    plain = services(lambda i: "facts")
+    offer(gw, "support", pipeline(REDACT, http("facts", plain, "clean"), PROMPT, ANSWER))
+    assert ask(gw).status == 200 and plain.authorizations == [None]  # no secret: no Authorization at all
+    unreadable = {
+        k: v for k, v in keyed.items() if k != "secret_value"
+    }  # the control plane could not open it
+    offer(gw, "support", pipeline(REDACT, unreadable, PROMPT, ANSWER))
+    refused = ask(gw)
+    assert refused.status == 503
+    assert "stage facts failed: its secret search-key cannot be read" in refused.json()["error"]["message"]
+    assert len(facts.got) == 1  # never called without it

@@ -1,6 +1,7 @@
 """The pipeline pages: each stage's deployment, regions and why it cannot run, for the owner tenant (a
 platform pipeline: for the tenant picked); promotion from the page; another tenant sees nothing."""
 
+import json
 import re
 from html import unescape
 
@@ -12,6 +13,7 @@ from registry.services.models import model_register
 from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
 from routing.pipelines import pipeline_plan
 from routing.services import publish
+from tests.support.gateway import gateway_secret
 from tests.support.principals import principal
 from tests.support.regions import tiny_version, until_ready
 from tests.support.registry import advance, register
@@ -216,3 +218,30 @@ def test_a_retrieve_stage_searches_the_calling_tenants_own_index(world, api):
     plan = {p.stage: p.refusal for p in pipeline_plan(world.tenant_b, version, publish().body)}
     assert plan["search"] == "globex has no index handbook"  # acme's documents are acme's alone
     assert plan["vec"] == "EU is outside globex's residency policy (US)"
+
+
+def test_an_http_stage_sends_the_calling_tenants_secret_whose_value_only_gateways_get(world, api):
+    ops = principal(world.operator)
+    lookup = pipeline_create(actor=ops, owner=None, name="lookup")
+    stage = {**_graph()["stages"][0], "secret": "search-key"}
+    graph = {"stages": [stage], "output": "facts", "budget_ms": 1000}
+    version = pipeline_version_create(actor=ops, pipeline=lookup, version="1", graph=graph)
+    pipeline_version_transition(actor=ops, version=version, to="production")
+    assert _view("acme")["pipelines"]["lookup"]["unavailable"] == "stage facts: acme has no secret search-key"
+    alice = api(world.alice)
+    alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-search-token"}, format="json")
+    wire = _view("acme")["pipelines"]["lookup"]["stages"][0]
+    assert (wire["secret"], wire["secret_revision"]) == ("search-key", 1) and "secret_value" not in wire
+    assert "acme-search-token" not in json.dumps(publish().body)  # the stored, shown table has no value
+    assert "acme-search-token" not in alice.get("/api/v1/routing/table/").content.decode()
+    gateway = api(secret=gateway_secret(world))
+    config = gateway.get("/api/v1/routing/gateway-config/").json()["table"]["tenants"]
+    assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-search-token"
+    # globex runs the catalog pipeline with its own secret, or not at all: never with acme's.
+    assert config["globex"]["pipelines"]["lookup"]["unavailable"] == (
+        "stage facts: EU is outside globex's residency policy (US)"
+    )
+    alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-rotated"}, format="json")
+    assert _view("acme")["pipelines"]["lookup"]["stages"][0]["secret_revision"] == 2  # a new table
+    config = gateway.get("/api/v1/routing/gateway-config/").json()["table"]["tenants"]
+    assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-rotated"

@@ -352,12 +352,14 @@ class Service:
 
     def __init__(self, answer: Any, delay: float = 0.0, barrier: threading.Barrier | None = None):
         self.got: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header
         self.answer, self.delay, self.barrier = answer, delay, barrier
         self.url, self.server = serve(self._answer)
 
     def _answer(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
         inputs = json.loads(body)["inputs"]
         self.got.append(inputs)
+        self.authorizations.append(handler.headers.get("Authorization"))
         if self.barrier is not None:
             self.barrier.wait()  # returns only while the other stage's request is in flight too
         time.sleep(self.delay)
