@@ -35,7 +35,7 @@ from gateway.inbound import (
     session_key,
 )
 from gateway.metering import Outcome, spent_tokens, usage_record
-from gateway.metrics import GatewayMetrics, exposition
+from gateway.metrics import GatewayMetrics, exposition, may_scrape
 from gateway.mirror import MirrorCopy, Mirrors
 from gateway.pipelines import Addresses, PipelineRun, StageFailed, pipeline_refusal, stage_request
 from gateway.prefix import prompt_blocks
@@ -43,7 +43,7 @@ from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
 from gateway.retrieval import Indexes
 from gateway.streaming import EventFilter
-from gateway.tracing import Tracing, trace_id, upstream_headers
+from gateway.tracing import Tracing, finish_pipeline, trace_id, upstream_headers
 from gateway.tracing import finish as finish_span
 from gateway.usage import UsageShipper
 
@@ -157,7 +157,7 @@ class Gateway(App):
                 200 if ready else 503, {"ready": ready, "generation": self.routes.generation}
             )
         if path == "/metrics":
-            if not self._may_scrape(scope, headers):
+            if not may_scrape(self.settings.metrics_token, scope, headers):
                 return await reply.error(
                     403,
                     "Metrics name tenants: scrape from this host or with GATEWAY_METRICS_TOKEN.",
@@ -183,7 +183,7 @@ class Gateway(App):
             if path != "/v1/chat/completions":
                 message = f"{name} is a pipeline: it answers /v1/chat/completions only."
                 return await reply.error(400, message, "invalid_request")
-            return await self._run_pipeline(scope, send, reply, tenant, name, pipeline, payload)
+            return await self._run_pipeline(scope, send, reply, tenant, name, pipeline, payload, headers)
         if route is None:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
@@ -228,22 +228,34 @@ class Gateway(App):
         name: str,
         pipeline: contract.PipelineRoute,
         payload: dict[str, Any],
+        headers: dict[str, str],
     ) -> None:
-        """Run the tenant's pipeline (gateway/pipelines.py): each model stage a request through ``handle``."""
+        """Run the tenant's pipeline (gateway/pipelines.py): each model stage a request through ``handle``,
+        the run a span whose children are the stages' (and theirs the model requests')."""
         assert self.session is not None
         refused = pipeline_refusal(tenant, name, pipeline, payload, self.routes.view(tenant).get("blocked"))
         if refused is not None:
             return await reply.error(*refused)
+        about = {"gateway.tenant": tenant, "gateway.request_id": reply.request_id}
+        span = self.tracing.start(headers, "/v1/chat/completions", name, about)
+        if span is not None:
+            span.set_attribute("gateway.pipeline", pipeline["version"])
         call = partial(stage_request, self.handle, scope)
-        run = PipelineRun(name, pipeline, payload, call, self.session, tenant, self.indexes, self.addresses)
+        trace = partial(self.tracing.stage, span, pipeline["version"])
+        run = PipelineRun(
+            name, pipeline, payload, call, self.session, tenant, self.indexes, self.addresses, trace
+        )
+        status = 200
         try:
             await run.run(send)
         except StageFailed as failed:
+            status = failed.status
             if not run.answering:  # an answer already started cannot be replaced by an error
                 await reply.error(
                     failed.status, f"{name}: stage {failed.stage} failed: {failed.message}.", failed.code
                 )
         finally:
+            finish_pipeline(span, status)
             for stage, (outcome, seconds) in run.took.items():
                 self.metrics.stage(tenant, name, stage, outcome, seconds)
 
@@ -270,16 +282,6 @@ class Gateway(App):
             await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
             return None
         return held
-
-    def _may_scrape(self, scope: dict[str, Any], headers: dict[str, str]) -> bool:
-        """The metrics carry every tenant's traffic: with GATEWAY_METRICS_TOKEN set, only a scraper sending it
-        as a bearer token reads them; without it, only this host (Prometheus beside the gateway)."""
-        token = self.settings.metrics_token
-        if token:
-            sent = headers.get("authorization", "")
-            return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
-        client = scope.get("client") or ("", 0)
-        return client[0] in ("127.0.0.1", "::1")
 
     def _authenticate(self, headers: dict[str, str]) -> str | None:
         digest = bearer_digest(headers)
@@ -312,12 +314,14 @@ class Gateway(App):
         client_salt = payload.get("cache_salt")
         # A held request's latency is the client's: from the start of its hold, not from its release.
         started, wall = (held.since, held.wall) if held else (time.perf_counter(), datetime.now(UTC))
-        span = self.tracing.start(
-            headers,
-            path,
-            name,
-            {"gateway.tenant": tenant, "gateway.priority": priority, "gateway.request_id": reply.request_id},
-        )
+        about = {
+            "gateway.tenant": tenant,
+            "gateway.priority": priority,
+            "gateway.request_id": reply.request_id,
+        }
+        if reply.pipeline is not None:  # a pipeline's stage: its span is the stage's child
+            about["gateway.pipeline"], about["gateway.pipeline.stage"] = reply.pipeline
+        span = self.tracing.start(headers, path, name, about)
         reply.trace_headers, reply.trace_id = upstream_headers(span), trace_id(span)
         tried = set[str]()
         last_error, reconnected = "", False

@@ -6,6 +6,7 @@ these figures and the bill count the same requests. Labels come from the route t
 own decisions, never from a client's header or body, so a client cannot grow the label sets.
 """
 
+import hmac
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -128,3 +129,13 @@ def exposition(prefix: str, values: dict[str, int], gauges: set[str]) -> str:
         metric = prefix + name + ("_total" if kind == "counter" else "")
         lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
     return "\n".join(lines) + "\n"
+
+
+def may_scrape(token: str, scope: dict[str, Any], headers: dict[str, str]) -> bool:
+    """The metrics carry every tenant's traffic: with GATEWAY_METRICS_TOKEN (``token``) set, only a scraper
+    sending it as a bearer token reads them; without it, only this host (Prometheus beside the gateway)."""
+    if token:
+        sent = headers.get("authorization", "")
+        return hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+    client = scope.get("client") or ("", 0)
+    return client[0] in ("127.0.0.1", "::1")

@@ -14,7 +14,8 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ import re2
 
 from gateway import contract
 from gateway.retrieval import Indexes
+from gateway.tracing import StageTrace
 
 # How a model stage's task is asked of an engine, and what of its answer flows on.
 TASK_PATHS = dict(
@@ -35,9 +37,17 @@ TASK_PATHS = dict(
 DEFAULT_MAX_TOKENS = 256  # a stage before the answer that sets none
 MAX_STAGE_ANSWER = 4 * 1024 * 1024  # bytes an http stage's service may answer
 Send = Callable[[dict[str, Any]], Awaitable[None]]
-# ((pipeline version, stage), path, body, send) → the status, and the body when ``send`` is None (the
-# stage's answer is kept)
-Call = Callable[[tuple[str, str], str, dict[str, Any], Send | None], Awaitable[tuple[int, bytes]]]
+# ((pipeline version, stage), path, body, send, trace headers) → the status, and the body when ``send``
+# is None (the stage's answer is kept)
+Call = Callable[
+    [tuple[str, str], str, dict[str, Any], Send | None, dict[str, str]], Awaitable[tuple[int, bytes]]
+]
+Trace = Callable[[contract.PipelineStage], AbstractContextManager[StageTrace]]
+
+
+@contextmanager
+def untraced(stage: contract.PipelineStage) -> Iterator[StageTrace]:
+    yield StageTrace({})
 
 
 class StageFailed(Exception):
@@ -84,11 +94,13 @@ class PipelineRun:
         tenant: str,
         indexes: Indexes,
         addresses: "Addresses",
+        trace: Trace = untraced,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.name, self.route, self.payload, self.call = name, route, payload, call
         self.session, self.tenant, self.indexes, self.clock = session, tenant, indexes, clock
-        self.addresses = addresses
+        self.addresses, self.trace = addresses, trace
+        self.trace_headers: dict[str, dict[str, str]] = {}  # stage → its span's traceparent
         self.deadline = clock() + route["budget_ms"] / 1000
         messages = payload.get("messages")
         self.values: dict[str, Any] = {
@@ -152,15 +164,17 @@ class PipelineRun:
             return
         started, timeout = self.clock(), self._timeout(stage)
         outcome = "failed"
-        try:
-            self.values[name] = _declared(stage, await asyncio.wait_for(self._work(stage), timeout))
-            outcome = "ok"
-        except Exception as exc:  # whatever went wrong, it is this stage's failure, named (never a 500)
-            if stage["on_failure"] != "skip":
-                raise _failure(stage, exc, timeout) from None
-            self.values[name], outcome = self.values[stage["passes"]], "skipped"
-        finally:
-            self.took[name] = (outcome, self.clock() - started)
+        with self.trace(stage) as traced:
+            self.trace_headers[name] = traced.headers
+            try:
+                self.values[name] = _declared(stage, await asyncio.wait_for(self._work(stage), timeout))
+                outcome = "ok"
+            except Exception as exc:  # whatever went wrong, it is this stage's failure, named (never a 500)
+                if stage["on_failure"] != "skip":
+                    raise _failure(stage, exc, timeout) from None
+                self.values[name], outcome = self.values[stage["passes"]], "skipped"
+            finally:
+                traced.outcome, self.took[name] = outcome, (outcome, self.clock() - started)
 
     def _timeout(self, stage: contract.PipelineStage) -> float:
         left = self.deadline - self.clock()
@@ -188,8 +202,10 @@ class PipelineRun:
                 self.session, self.tenant, stage["index"], stage["revision"], inputs["vector"], stage["top_k"]
             )
             return found
-        tag = (self.route["version"], stage["name"])
-        status, body = await self.call(tag, TASK_PATHS[stage["task"]], _model_body(stage, inputs), None)
+        tag, trace = (self.route["version"], stage["name"]), self.trace_headers.get(stage["name"], {})
+        status, body = await self.call(
+            tag, TASK_PATHS[stage["task"]], _model_body(stage, inputs), None, trace
+        )
         if status != 200:
             raise StageFailed(stage["name"], 502, f"its model answered {status}: {_error_text(body)}")
         return _model_output(stage, inputs, json.loads(body))
@@ -217,6 +233,28 @@ class PipelineRun:
                     raise StageFailed(stage["name"], 502, f"its answer is over {MAX_STAGE_ANSWER} bytes")
             return json.loads(body)["output"]
 
+    async def _stream_answer(
+        self,
+        stage: contract.PipelineStage,
+        body: dict[str, Any],
+        relay: Send,
+        first: asyncio.Event,
+        traced: StageTrace,
+    ) -> None:
+        started, timeout = self.clock(), self._timeout(stage)
+        tag = (self.route["version"], stage["name"])
+        task = asyncio.ensure_future(self.call(tag, TASK_PATHS["chat"], body, relay, traced.headers))
+        began = asyncio.ensure_future(first.wait())
+        await asyncio.wait({task, began}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        began.cancel()
+        if not first.is_set() and not task.done():
+            task.cancel()
+            self.took[stage["name"]] = ("failed", self.clock() - started)
+            raise _failure(stage, TimeoutError(), timeout)
+        status, _ = await task
+        traced.outcome = "ok" if status == 200 else "failed"
+        self.took[stage["name"]] = (traced.outcome, self.clock() - started)
+
     async def _answer(self, stage: contract.PipelineStage, send: Send) -> None:
         """The answering stage: a chat model streams straight to the client; anything else is answered as
         one chat completion. The budget bounds the wait for its first byte."""
@@ -232,18 +270,8 @@ class PipelineRun:
                 self.answering = True
                 await send(message)
 
-            started, timeout = self.clock(), self._timeout(stage)
-            tag = (self.route["version"], stage["name"])
-            task = asyncio.ensure_future(self.call(tag, TASK_PATHS["chat"], body, relay))
-            began = asyncio.ensure_future(first.wait())
-            await asyncio.wait({task, began}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-            began.cancel()
-            if not first.is_set() and not task.done():
-                task.cancel()
-                self.took[stage["name"]] = ("failed", self.clock() - started)
-                raise _failure(stage, TimeoutError(), timeout)
-            status, _ = await task
-            self.took[stage["name"]] = ("ok" if status == 200 else "failed", self.clock() - started)
+            with self.trace(stage) as traced:
+                await self._stream_answer(stage, body, relay, first, traced)
             return
         await self._stage(stage)
         self.answering = True
@@ -437,14 +465,17 @@ async def stage_request(
     path: str,
     body: dict[str, Any],
     send: Send | None,
+    trace: dict[str, str],
 ) -> tuple[int, bytes]:
     """A stage's request to a model, handled by the gateway's ``handle`` as a client's would be, with the
-    client's own headers: the status, and the body when ``send`` is None (else the response went to
-    ``send``). The scope names the stage for its usage record (a scope key no client can set)."""
+    client's own headers but the stage's ``traceparent`` (``trace``: its span is the stage's child): the
+    status, and the body when ``send`` is None (else the response went to ``send``). The scope names
+    the stage for its usage record (a scope key no client can set)."""
     data = json.dumps(body).encode()
-    skip = {b"content-length", b"content-type"}
+    skip = {b"content-length", b"content-type", b"traceparent", b"tracestate"}
     headers = [(k, v) for k, v in scope["headers"] if k.lower() not in skip]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in trace.items()]
     inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"", "headers": headers}
     inner["pipeline"] = stage
     status, kept = [0], list[bytes]()

@@ -12,6 +12,9 @@ is only an id, so nothing a client sends there can change what the gateway does.
 """
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -33,7 +36,24 @@ OPERATIONS = {
     "/v1/rerank": "rerank",
     "/classify": "classify",
 }
+# A pipeline's model stage's span, by its task (the GenAI names; rerank and classify are our own).
+STAGE_OPERATIONS = {
+    "chat": "chat",
+    "completion": "text_completion",
+    "embed": "embeddings",
+    "rerank": "rerank",
+    "classify": "classify",
+}
 PROPAGATOR = TraceContextTextMapPropagator()
+
+
+@dataclass
+class StageTrace:
+    """A pipeline stage's span as the run sees it: the ``traceparent`` its model request carries (so the
+    request's span, and the engine's, are the stage's children) and how the stage ended."""
+
+    headers: dict[str, str]
+    outcome: str = "ok"
 
 
 def configured() -> bool:
@@ -77,6 +97,37 @@ class Tracing:
             },
         )
 
+    @contextmanager
+    def stage(self, parent: Span | None, version: str, stage: contract.PipelineStage) -> Iterator[StageTrace]:
+        """A span for one stage of a pipeline's run, a child of the pipeline's span; a stage failing ends
+        it as an error (its outcome ``skipped`` when its policy passed its input on instead)."""
+        if self.provider is None or parent is None:
+            yield StageTrace({})
+            return
+        operation, target = _stage_operation(stage)
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gateway.pipeline": version,
+            "gateway.pipeline.stage": stage["name"],
+            "gateway.pipeline.stage_kind": stage["kind"],
+        }
+        if stage["kind"] == "retrieve":
+            attributes["gen_ai.data_source.id"] = stage["index"]
+        span = self.tracer.start_span(
+            f"{operation} {target}", context=set_span_in_context(parent), attributes=attributes
+        )
+        traced = StageTrace(upstream_headers(span))
+        try:
+            yield traced
+        except BaseException as exc:
+            traced.outcome = "failed"
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(Status(StatusCode.ERROR))
+            raise
+        finally:
+            span.set_attribute("gateway.pipeline.outcome", traced.outcome)
+            span.end()
+
     def shutdown(self) -> None:
         if self.provider is not None:
             self.provider.shutdown()
@@ -89,6 +140,24 @@ def upstream_headers(span: Span | None) -> dict[str, str]:
     carrier: dict[str, str] = {}
     PROPAGATOR.inject(carrier, context=set_span_in_context(span))
     return carrier
+
+
+def _stage_operation(stage: contract.PipelineStage) -> tuple[str, str]:
+    if stage["kind"] == "model":
+        return STAGE_OPERATIONS[stage["task"]], stage["route"]
+    if stage["kind"] == "retrieve":
+        return "retrieval", stage["index"]
+    return stage["kind"], stage["name"]  # http, redact, template: our own names
+
+
+def finish_pipeline(span: Span | None, status: int) -> None:
+    if span is None:
+        return
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(Status(StatusCode.ERROR))
+    span.end()
 
 
 def _port(url: SplitResult) -> int:

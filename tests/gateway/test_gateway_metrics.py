@@ -3,6 +3,7 @@ tenant, model, region and version, and what it refused; the whole page is valid 
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.metrics import may_scrape
 from tests.support.gateway_harness import GatewayWorld
 
 
@@ -60,12 +61,12 @@ def test_metrics_name_tenants_so_only_this_host_or_a_scraper_with_the_token_read
     world = GatewayWorld(tmp_path)
     try:
         scope = {"client": ("10.1.2.3", 40000)}
-        assert not world.gateway._may_scrape(scope, {})  # another host, no token configured
-        assert world.gateway._may_scrape({"client": ("::1", 1)}, {})
-        world.gateway.settings.metrics_token = "scrape-secret"
-        assert world.gateway._may_scrape(scope, {"authorization": "Bearer scrape-secret"})
-        assert not world.gateway._may_scrape(scope, {"authorization": "Bearer wrong"})
-        assert not world.gateway._may_scrape({"client": ("127.0.0.1", 1)}, {})  # a token, once set, is needed
+        assert not may_scrape("", scope, {})  # another host, no token configured
+        assert may_scrape("", {"client": ("::1", 1)}, {})
+        world.gateway.settings.metrics_token = token = "scrape-secret"
+        assert may_scrape(token, scope, {"authorization": "Bearer scrape-secret"})
+        assert not may_scrape(token, scope, {"authorization": "Bearer wrong"})
+        assert not may_scrape(token, {"client": ("127.0.0.1", 1)}, {})  # a token, once set, is needed
         assert world.call("GET", "/metrics", tenant=None).status == 403
     finally:
         world.close()

@@ -107,3 +107,53 @@ def test_an_ipv6_engine_and_a_huge_tracestate_are_traced_without_trouble(traced)
     ((_, span),) = receiver.spans
     found = attributes(span)
     assert found["server.address"] == "::1" and found["server.port"] == 9 and found["error.type"] == "502"
+
+
+def test_a_pipeline_run_is_a_span_whose_children_are_its_stages_and_theirs_the_model_requests(traced):
+    gw, receiver = traced
+    redact = {
+        "name": "clean",
+        "kind": "redact",
+        "inputs": {"messages": "request.messages"},
+        "output": "messages",
+        "timeout_ms": None,
+        "on_failure": "fail",
+        "patterns": ["secret"],
+        "replacement": "x",
+    }
+    answer = {
+        "name": "answer",
+        "kind": "model",
+        "inputs": {"messages": "clean"},
+        "output": "text",
+        "timeout_ms": None,
+        "on_failure": "fail",
+        "route": "chat",
+        "task": "chat",
+    }
+    route = {
+        "version": "acme/support@1.0.0",
+        "budget_ms": 5000,
+        "output": ["answer"],
+        "stages": [redact, answer],
+    }
+    gw.gateway.routes.body["tenants"]["acme"]["pipelines"] = {"support": route}
+    client_trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{client_trace}-00f067aa0ba902b7-01"}
+    assert gw.chat(model="support", headers=headers, stream=True).status == 200
+    gw.gateway.tracing.provider.force_flush()
+    spans = [span for _, span in receiver.spans]
+    assert sorted(s.name for s in spans) == ["chat chat", "chat chat", "chat support", "redact clean"]
+    (run,) = [s for s in spans if s.name == "chat support"]
+    (clean,) = [s for s in spans if s.name == "redact clean"]
+    (stage_answer,) = [s for s in spans if attributes(s).get("gateway.pipeline.stage_kind") == "model"]
+    (request,) = [s for s in spans if "gen_ai.provider.name" in attributes(s) and s is not run]
+    assert {s.trace_id.hex() for _, s in receiver.spans} == {client_trace}  # one trace, the client's
+    assert clean.parent_span_id == run.span_id and stage_answer.parent_span_id == run.span_id
+    assert attributes(run)["gateway.pipeline"] == "acme/support@1.0.0"
+    assert attributes(clean)["gateway.pipeline.stage"] == "clean"
+    assert attributes(clean)["gateway.pipeline.outcome"] == "ok"
+    assert request.parent_span_id == stage_answer.span_id  # the model request is the stage's child
+    assert attributes(request)["gateway.pipeline.stage"] == "answer"
+    sent = gw.engine.seen[-1]["headers"]["traceparent"]
+    assert sent.split("-")[2] == request.span_id.hex()  # and the engine continues from the request
