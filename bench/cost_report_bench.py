@@ -80,7 +80,7 @@ def world(month_start):  # type: ignore[no-untyped-def]
     return deployments
 
 
-def insert_usage(count: int, offset: int, month_start, deployments) -> float:  # type: ignore[no-untyped-def]
+def insert_usage(count: int, offset: int, month_start, deployments, pipeline_every: int = 0) -> float:  # type: ignore[no-untyped-def]
     from django.db import connection
 
     rows = [(d.pk, d.owner_id, d.targets.get().region.code) for d in deployments]
@@ -90,13 +90,19 @@ def insert_usage(count: int, offset: int, month_start, deployments) -> float:  #
             """
             insert into billing_usagerecord (request_id, tenant_id, model_name, region, deployment_id,
                 version, artifact_sha256, endpoint, status, prompt_tokens, completion_tokens, latency_ms,
-                attempts, stream, started_at, hour, received_at)
+                attempts, stream, started_at, hour, received_at, client_request_id, track,
+                candidate_errors, degraded, served_model_name, trace_id, pipeline, stage)
             select 'bench-' || n, (%(tenants)s::bigint[])[1 + n %% 3], 'chat',
                    (%(regions)s::text[])[1 + n %% 3],
                    (%(deployments)s::bigint[])[1 + n %% 3], 'tiny-llama@1.0.0', '', '', 200,
                    50 + n %% 200, 10 + n %% 300, 12.5, 1, false,
                    %(start)s::timestamptz + (n %% 2592000) * interval '1 second',
-                   date_trunc('hour', %(start)s::timestamptz + (n %% 2592000) * interval '1 second'), now()
+                   date_trunc('hour', %(start)s::timestamptz + (n %% 2592000) * interval '1 second'), now(),
+                   '', 'stable', 0, '', '', '',
+                   case when %(every)s > 0 and n %% %(every)s = 0
+                        then 'acme-eu/support-rag@1.0.0' else '' end,
+                   case when %(every)s > 0 and n %% %(every)s = 0
+                        then (array['embed', 'rerank', 'answer'])[1 + (n / %(every)s) %% 3] else '' end
             from generate_series(%(first)s, %(last)s) as n
             """,
             {
@@ -106,6 +112,7 @@ def insert_usage(count: int, offset: int, month_start, deployments) -> float:  #
                 "start": month_start,
                 "first": offset + 1,
                 "last": offset + count,
+                "every": pipeline_every,  # 1 record in N is a pipeline's stage (0: none)
             },
         )
         cursor.execute("analyze billing_usagerecord")
@@ -139,6 +146,9 @@ def main() -> None:
     )
     parser.add_argument("--millions", default="1,10", help="row counts to measure, in millions, ascending")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
+    parser.add_argument(
+        "--pipeline-every", type=int, default=0, help="make 1 usage record in N a pipeline stage's (0: none)"
+    )
     args = parser.parse_args()
     url = os.environ["DATABASE_URL"]
     ensure_database(url)
@@ -158,7 +168,7 @@ def main() -> None:
     have = 0
     for millions in [int(m) for m in args.millions.split(",")]:
         target = millions * 1_000_000
-        took = insert_usage(target - have, have, month_start, deployments)
+        took = insert_usage(target - have, have, month_start, deployments, args.pipeline_every)
         have = target
         print(f"inserted up to {have:,} usage rows in {took:.1f} s", flush=True)
         seconds, rows = report(month_start)

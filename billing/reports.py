@@ -1,8 +1,8 @@
 """Cost reports from the database: capacity segments × prices, usage per hour, attribution, idle GPUs, and
 the platform's evaluation line (rollouts' shadow candidates and the requests mirrored to them).
 
-The usage side is one GROUP BY over usage records per (deployment, region, tenant, version, hour, track),
-which is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
+The usage side is one GROUP BY over usage records per (deployment, region, tenant, version, hour, track,
+pipeline, stage), which is what the 10-million-row benchmark measures (bench/cost_report_bench.py).
 """
 
 from collections import defaultdict
@@ -21,12 +21,15 @@ from billing.choices import UsageTrack
 from billing.costing import (
     EVALUATION,
     IDLE,
+    NO_STAGE,
     Price,
     PriceBook,
     Segment,
+    Stage,
     attribute,
     round_region_hour,
     segment_costs,
+    stage_shares,
 )
 from billing.models import CapacitySegment, GpuPrice, UsageRecord
 from core.models import Tenant
@@ -38,13 +41,15 @@ MONTH_HOURS = Decimal(730)
 
 @dataclass
 class Line:
-    """One row of the finest grain: (tenant, region, deployment, version, hour)."""
+    """One row of the finest grain: (tenant, region, deployment, version, hour, pipeline, stage)."""
 
     tenant: str  # "" for idle capacity, EVALUATION for rollouts' evaluation capacity and mirrored requests
     region: str
     deployment: str
     version: str
     hour: datetime
+    pipeline: str = ""  # the pipeline version whose stage this is; "" outside any pipeline
+    stage: str = ""
     cost: Decimal = Decimal(0)
     gpu_hours: Decimal = Decimal(0)
     requests: int = 0
@@ -108,11 +113,12 @@ def prices_now(now: datetime | None = None) -> Callable[[Region, str], Decimal |
 
 
 def usage_query(start: datetime, end: datetime) -> Any:
-    """Requests and tokens per (deployment, region, tenant, version, hour, track): plain columns, no join and
-    no expression, so PostgreSQL can estimate the groups and aggregate them in a hash table."""
+    """Requests and tokens per (deployment, region, tenant, version, hour, track, pipeline, stage): plain
+    columns, no join and no expression, so PostgreSQL can estimate the groups (the extended statistics of
+    migration 0010 cover exactly these columns) and aggregate them in a hash table."""
     return (
         UsageRecord.objects.filter(started_at__gte=start, started_at__lt=end)
-        .values("deployment_id", "region", "tenant_id", "version", "hour", "track")
+        .values("deployment_id", "region", "tenant_id", "version", "hour", "track", "pipeline", "stage")
         .annotate(requests=Count("id"), prompt=Sum("prompt_tokens"), completion=Sum("completion_tokens"))
         .order_by()
     )
@@ -137,6 +143,7 @@ def capacity_tokens(gpu_type: str, gpu_hours: Decimal) -> Decimal:
 
 
 Where = tuple[int, str, datetime]  # (deployment id, region code, hour)
+StageTokens = dict[tuple[Where, str], dict[Stage, Decimal]]  # (where, tenant) → weighted tokens per stage
 Costs = dict[tuple[int, str, datetime], tuple[Decimal, Decimal]]  # (segment id, region, hour) → hours, cost
 
 
@@ -160,11 +167,13 @@ def build(start: datetime, end: datetime, *, now: datetime | None = None) -> Rep
     usage = usage_by_hour(start, end)
     billed = [row for row in usage if row["track"] != UsageTrack.MIRROR]
     # A cached answer ran on no GPU: it weighs nothing in a shared deployment's split.
-    tokens = _tokens([row for row in billed if row["track"] != UsageTrack.CACHE])
+    on_gpus = [row for row in billed if row["track"] != UsageTrack.CACHE]
+    tokens = _tokens(on_gpus)
     capacity = _serving_capacity(costs, about)
     weight = Decimal(str(settings.BILLING_PROMPT_TOKEN_WEIGHT))
     report = Report(start, end, settings.BILLING_CURRENCY)
-    _add_costs(report, _shares(costs, about, tokens, capacity, weight), about, costs)
+    shares = _shares(costs, about, tokens, capacity, weight)
+    _add_costs(report, shares, about, costs, _stage_tokens(on_gpus, weight))
     _add_usage(report, billed, about)
     _add_usage(report, [row for row in usage if row["track"] == UsageTrack.MIRROR], about, EVALUATION)
     serving = {key: value for key, value in costs.items() if _serving(about[key[0]])}
@@ -211,6 +220,18 @@ def _tokens(usage: list[dict[str, Any]]) -> dict[Where, dict[str, tuple[int, int
     return tokens
 
 
+def _stage_tokens(usage: list[dict[str, Any]], weight: Decimal) -> StageTokens:
+    """Each tenant's weighted tokens per (pipeline, stage) in a deployment-region-hour, weighed as in the
+    split between tenants: what its share of the hour's GPU cost is split over."""
+    found: StageTokens = defaultdict(lambda: defaultdict(Decimal))
+    for row in usage:
+        where = (row["deployment_id"], row["region"], row["hour"])
+        found[(where, row["tenant__slug"])][(row["pipeline"], row["stage"])] += (
+            weight * row["prompt"] + row["completion"]
+        )
+    return found
+
+
 def _serving_capacity(costs: Costs, about: dict[int, Any]) -> dict[Where, Decimal]:
     """Weighted tokens a deployment's serving GPUs could have served in a region-hour, over all its
     revisions there: during a canary the stable and the candidate segment share one hour's tokens, so each
@@ -227,22 +248,32 @@ def _name(segment: CapacitySegment) -> str:
     return f"{segment.deployment.owner.slug}/{segment.deployment.name}"
 
 
-def _add_costs(report: Report, by_region_hour: Shares, about: dict[int, Any], costs: Costs) -> None:
-    """Cost lines, each region-hour rounded to cents together (conservation)."""
+def _add_costs(
+    report: Report, by_region_hour: Shares, about: dict[int, Any], costs: Costs, stages: StageTokens
+) -> None:
+    """Cost lines, each region-hour rounded to cents together (conservation), then each tenant's cents
+    split over the pipeline stages its tokens came from: a tenant's cents are what they were before the
+    split, so the stages add up to the tenant, region and deployment totals to the cent."""
     for (region, hour), joint in by_region_hour.items():
         for (segment_id, tenant), cents in round_region_hour(joint).items():
             segment = about[segment_id]
-            report.lines.append(
-                Line(
-                    tenant=tenant,
-                    region=region,
-                    deployment=_name(segment),
-                    version=f"{segment.version.model.name}@{segment.version.version}",
-                    hour=hour,
-                    cost=cents,
-                    gpu_hours=costs[(segment_id, region, hour)][0] if tenant != IDLE else Decimal(0),
+            gpu_hours = costs[(segment_id, region, hour)][0] if tenant != IDLE else Decimal(0)
+            # Idle and evaluation are no tenant's slug, so they find no tokens and stay outside pipelines.
+            used = stages.get(((segment.deployment_id, region, hour), tenant), {})
+            for (pipeline, stage), (cost, hours) in stage_shares(cents, gpu_hours, used).items():
+                report.lines.append(
+                    Line(
+                        tenant=tenant,
+                        region=region,
+                        deployment=_name(segment),
+                        version=f"{segment.version.model.name}@{segment.version.version}",
+                        hour=hour,
+                        pipeline=pipeline,
+                        stage=stage,
+                        cost=cost,
+                        gpu_hours=hours,
+                    )
                 )
-            )
 
 
 def _held(report: Report, segments: list[Segment], about: dict[int, Any], costs: Costs) -> None:
@@ -274,9 +305,11 @@ def _covered_hours(spans: list[tuple[datetime, datetime]]) -> Decimal:
 def _add_usage(
     report: Report, usage: list[dict[str, Any]], about: dict[int, Any], tenant: str | None = None
 ) -> None:
-    """Usage lines, each the tenant's own, or all under ``tenant`` (the platform's mirrored requests)."""
+    """Usage lines, each the tenant's own, or all under ``tenant`` (the platform's mirrored requests: the
+    pipeline got the stable revision's answer, so a copy is no pipeline's, as its GPUs are no tenant's)."""
     names = {s.deployment_id: _name(s) for s in about.values()}
     for row in usage:
+        pipeline, stage = (row["pipeline"], row["stage"]) if tenant is None else NO_STAGE
         report.lines.append(
             Line(
                 tenant=tenant if tenant is not None else row["tenant__slug"],
@@ -284,6 +317,8 @@ def _add_usage(
                 deployment=names.get(row["deployment_id"], str(row["deployment_id"])),
                 version=row["version"],
                 hour=row["hour"],
+                pipeline=pipeline,
+                stage=stage,
                 requests=row["requests"],
                 prompt_tokens=row["prompt"],
                 completion_tokens=row["completion"],
@@ -376,7 +411,26 @@ def month_bounds(period: str) -> tuple[datetime, datetime]:
     return start, end
 
 
-GROUPS = ("tenant", "region", "deployment", "version", "day")
+GROUPS = ("tenant", "region", "deployment", "version", "day", "pipeline", "stage")
+IDLE_LABEL = "(idle)"
+DIRECT = "(direct)"  # a tenant's pipeline and stage outside any pipeline (never a pipeline's name)
+
+
+def _dimensions(line: Line) -> dict[str, str]:
+    """What a line shows in each dimension of GROUPS: the platform's own lines (idle, evaluation) are
+    outside pipelines under their own name, so ``group_by=pipeline`` never passes idle capacity off as a
+    tenant's direct requests."""
+    tenant = line.tenant or IDLE_LABEL
+    outside = tenant if line.tenant in (IDLE, EVALUATION) else DIRECT
+    return {
+        "tenant": tenant,
+        "region": line.region,
+        "deployment": line.deployment,
+        "version": line.version,
+        "day": line.hour.date().isoformat(),
+        "pipeline": line.pipeline or outside,
+        "stage": line.stage or outside,
+    }
 
 
 def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> list[dict[str, Any]]:
@@ -385,13 +439,7 @@ def summarize(report: Report, group_by: list[str], tenants: set[str] | None) -> 
     for line in report.lines:
         if tenants is not None and line.tenant not in tenants:
             continue
-        values = {
-            "tenant": line.tenant or "(idle)",
-            "region": line.region,
-            "deployment": line.deployment,
-            "version": line.version,
-            "day": line.hour.date().isoformat(),
-        }
+        values = _dimensions(line)
         key = tuple(values[g] for g in group_by)
         row = rows.setdefault(
             key,

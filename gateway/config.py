@@ -67,6 +67,10 @@ class Settings:
             return self.state_dir
         return self.cache_file.parent if self.cache_file else Path("var") / "gateway"
 
+    def regions_query(self) -> str:
+        """``&regions=a,b`` naming the regions it serves, for the control plane's residency checks."""
+        return f"&regions={','.join(sorted(self.regions))}" if self.regions else ""
+
     @classmethod
     def from_env(cls) -> "Settings":
         token = os.environ.get("GATEWAY_TOKEN", "")
@@ -172,6 +176,7 @@ class RouteCache:
         if self.etag:
             headers["If-None-Match"] = f'"{self.etag}"'
         url = f"{self.settings.control_plane}/api/v1/routing/gateway-config/?wait={wait}"
+        url += self.settings.regions_query()  # tenants' secrets come only to where their data may be
         timeout = aiohttp.ClientTimeout(total=wait + 10)
         async with session.get(url, headers=headers, timeout=timeout) as reply:
             if reply.status == 304:

@@ -176,6 +176,9 @@ class PipelineRoute(TypedDict):
     output: list[str]  # the answering stage, or alternatives of which exactly one runs
     stages: list[PipelineStage]
     unavailable: NotRequired[str]
+    # The regions where the tenant's data may be processed: a gateway runs the pipeline only if it serves
+    # none but these (its built-in and http stages work on the tenant's data in the gateway itself).
+    regions: NotRequired[list[str]]
 
 
 class TenantRoutes(TypedDict):

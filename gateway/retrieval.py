@@ -57,7 +57,8 @@ class Indexes:
         return held
 
     async def _fetch(self, session: aiohttp.ClientSession, tenant: str, name: str) -> contract.RetrievalIndex:
-        url = f"{self.settings.control_plane}/api/v1/routing/indexes/{tenant}/{name}/"
+        url = f"{self.settings.control_plane}/api/v1/routing/indexes/{tenant}/{name}/?"
+        url += self.settings.regions_query()  # refused (403) where the tenant's data may not be
         headers = {"Authorization": f"Bearer {self.settings.token}"}
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as answer:
             if answer.status != 200:

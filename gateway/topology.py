@@ -44,6 +44,11 @@ def regional(table: contract.RouteTable, regions: frozenset[str]) -> contract.Ro
     for view in narrowed.get("tenants", {}).values():
         for route in view["models"].values():
             _narrow(route, regions)
+        for pipeline in view.get("pipelines", {}).values():
+            outside = sorted(regions - set(pipeline.get("regions", [])))
+            if outside:  # fail closed: never run a tenant's stages where its data may not be
+                pipeline["stages"] = []
+                pipeline["unavailable"] = f"the tenant's data may not be processed in {', '.join(outside)}"
     return narrowed
 
 

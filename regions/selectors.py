@@ -12,6 +12,7 @@ from core.choices import Scope
 from core.errors import Forbidden, NotFound
 from core.models import Tenant
 from core.principal import Principal
+from core.residency import processing_refusal, residency_of
 from core.selectors import scoped
 from regions.choices import DeploymentState, TargetStatus
 from regions.models import Deployment, DeploymentTarget, Region
@@ -125,3 +126,24 @@ def fleet_capacity(principal: Principal) -> list[dict[str, Any]]:
                 }
             )
     return rows
+
+
+def processing_regions(tenant: Tenant) -> frozenset[str]:
+    """The regions where the tenant's data may be processed: those whose jurisdiction its residency allows
+    (``core.residency``). A gateway holds or works on a tenant's data (its indexes, its secrets, a
+    pipeline's own stages) only when every region it serves is one of them."""
+    residency = residency_of(tenant)
+    return frozenset(
+        code
+        for code, jurisdiction in Region.objects.values_list("code", "jurisdiction")
+        if processing_refusal(residency, jurisdiction) is None
+    )
+
+
+def gateway_refusal(tenant: Tenant, gateway_regions: frozenset[str]) -> str | None:
+    """Why a gateway serving ``gateway_regions`` may not hold the tenant's data; None when it may (a gateway
+    of every region, ``frozenset()``, may: it is placed by the operator for everyone)."""
+    outside = sorted(gateway_regions - processing_regions(tenant))
+    if outside:
+        return f"{tenant.slug}'s data may not be processed in {', '.join(outside)} (its residency)"
+    return None

@@ -14,6 +14,7 @@ from core.services.secrets import secret_revision
 from gateway import contract
 from regions.choices import DeploymentState
 from regions.models import Deployment
+from regions.selectors import processing_regions
 from registry import selectors as registry_selectors
 from registry.models import PipelineVersion
 from registry.pipelines import REDACTIONS, Graph, Stage, parse_graph
@@ -102,16 +103,21 @@ def attach_pipelines(tenants: dict[str, contract.TenantRoutes]) -> None:
         # The tenant's own pipeline of a name wins over the catalog's, as its own deployments do.
         mine.sort(key=lambda v: v.pipeline.owner_id is not None)
         named = {v.pipeline.name: v for v in mine if v.pipeline.name not in view["models"]}
-        routes = {name: _safely(tenant, v, view) for name, v in named.items()}
+        regions = sorted(processing_regions(tenant)) if named else []
+        routes = {name: _safely(tenant, v, view, regions) for name, v in named.items()}
         if routes:
             view["pipelines"] = routes
 
 
-def _safely(tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes) -> contract.PipelineRoute:
+def _safely(
+    tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes, regions: list[str]
+) -> contract.PipelineRoute:
     """The pipeline's route, or, should resolving it fail, the pipeline unavailable: one pipeline never
     stops the table (every tenant's routes and failovers) from being published."""
     try:
-        return _route(tenant, version, view)
+        route = _route(tenant, version, view)
+        route["regions"] = regions  # where a gateway may run its own stages on the tenant's data
+        return route
     except Exception:
         log.exception("resolving %s for %s failed", version, tenant.slug)
         broken: contract.PipelineRoute = {"version": str(version), "budget_ms": 0, "output": [], "stages": []}

@@ -14,7 +14,7 @@ from artifacts.models import ArtifactReplica
 from billing.reports import prices_now
 from billing.selectors import over_budget, past_degrade_threshold
 from core.choices import AuditSource, Scope, TenantStatus
-from core.errors import NotFound
+from core.errors import Forbidden, NotFound
 from core.models import ApiToken, Tenant
 from core.principal import Principal
 from core.residency import weights_of
@@ -24,7 +24,7 @@ from gateway import contract
 from regions.choices import DeploymentState, RegionStatus, TargetRole, TargetStatus
 from regions.engine_keys import engine_api_key, key_fingerprint
 from regions.models import DeploymentTarget, Region
-from regions.selectors import deployments_for
+from regions.selectors import deployments_for, gateway_refusal
 from regions.workloads import target_version
 from registry.choices import VersionStatus
 from registry.models import RetrievalIndex
@@ -326,11 +326,16 @@ def _tenants_of(token: ApiToken) -> list[Tenant]:
     return [token.tenant] if token.tenant is not None else []
 
 
-def for_gateways(body: contract.RouteTable) -> contract.RouteTable:
+def for_gateways(body: contract.RouteTable, gateway_regions: frozenset[str]) -> contract.RouteTable:
     """The table as gateways get it: every endpoint with its deployment's engine API key, every pipeline's
-    ``http`` stage with the value of the tenant's secret it sends (a copy: the stored table, which people
-    and exports read, has neither)."""
+    ``http`` stage with the value of the tenant's secret it sends, if the gateway's regions may hold the
+    tenant's data (a copy: the stored table, which people and exports read, has neither)."""
     keys: dict[int, str] = {}
+    holders = {
+        t.slug
+        for t in Tenant.objects.filter(slug__in=body.get("tenants", {}))
+        if gateway_refusal(t, gateway_regions) is None
+    }
     tenants = {
         slug: {
             **view,
@@ -344,7 +349,11 @@ def for_gateways(body: contract.RouteTable) -> contract.RouteTable:
                 }
                 for name, route in view["models"].items()
             },
-            **({"pipelines": _with_secrets(slug, view["pipelines"])} if "pipelines" in view else {}),
+            **(
+                {"pipelines": _with_secrets(slug, view["pipelines"])}
+                if "pipelines" in view and slug in holders
+                else {}
+            ),
         }
         for slug, view in body.get("tenants", {}).items()
     }
@@ -368,9 +377,12 @@ def engine_keys_tag() -> str:
     return key_fingerprint(0)[:8]
 
 
-def index_for_gateways(tenant: str, name: str) -> contract.RetrievalIndex:
-    found = RetrievalIndex.objects.filter(owner__slug=tenant, name=name).first()
+def index_for_gateways(tenant: str, name: str, gateway_regions: frozenset[str]) -> contract.RetrievalIndex:
+    found = RetrievalIndex.objects.filter(owner__slug=tenant, name=name).select_related("owner").first()
     if found is None:
         raise NotFound(f"No index '{tenant}/{name}'.")
+    refusal = gateway_refusal(found.owner, gateway_regions)
+    if refusal:  # its documents never leave the tenant's residency, whatever gateway asks
+        raise Forbidden(f"Index {tenant}/{name} may not be sent to this gateway: {refusal}.")
     documents: list[Any] = list(found.documents.order_by("pk").values("key", "text", "vector"))
     return {"revision": found.revision, "dimensions": found.dimensions, "documents": documents}

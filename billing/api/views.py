@@ -93,7 +93,8 @@ class CostReportView(PrincipalMixin):
         """``?month=2026-11&group_by=tenant,region,version,day[&export=csv]``: GPU cost attributed to
         tenants (operators also see idle capacity and the evaluation line of shadow rollouts, tenant
         ``(evaluation)``), tokens, cost per 1M tokens, the hosted-API price. Mirrored requests are no
-        tenant's."""
+        tenant's. ``group_by=tenant,pipeline,stage`` splits a tenant's cost over its pipelines' stages
+        (``(direct)``: requests outside any pipeline)."""
         period, group_by = _period(request), _group_by(request)
         tenants = selectors.cost_tenants(self.principal)
         start, end = reports.month_bounds(period)

@@ -1,7 +1,6 @@
 """Shapes of the routing API: the activation a gateway asks for, and the outputs (the route table itself
 is ``gateway/contract.py``'s)."""
 
-
 from rest_framework import serializers
 
 from core.api.conventions import StrictCharField, StrictIntegerField, StrictSerializer

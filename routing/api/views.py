@@ -84,7 +84,7 @@ class GatewayConfigView(PrincipalMixin):
         config: contract.GatewayConfig = {
             "generation": table.generation,
             "etag": etag,
-            "table": selectors.for_gateways(table.body),
+            "table": selectors.for_gateways(table.body, _gateway_regions(request)),
         }
         return _conditional(request, etag, config)
 
@@ -95,7 +95,7 @@ class GatewayIndexView(PrincipalMixin):
         """A tenant's retrieval index as gateways search it: its documents with their vectors
         (``gateway:sync``; the route table names each index's revision)."""
         self.principal.require(Scope.GATEWAY_SYNC)
-        index = selectors.index_for_gateways(tenant, name)
+        index = selectors.index_for_gateways(tenant, name, _gateway_regions(request))
         return Response(index)
 
 
@@ -157,6 +157,19 @@ class GatewayApiExportView(PrincipalMixin):
         documents = exports.gateway_api(mine, table.generation, gateway, namespace, region, pools == "1")
         text = yaml.safe_dump_all(documents, sort_keys=False)
         return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
+
+
+def _gateway_regions(request: Request) -> frozenset[str]:
+    """``?regions=a,b``: the regions the calling gateway serves (its GATEWAY_REGIONS; none: every region).
+    The tenants' data it gets (secrets, indexes) is only that of tenants whose residency allows them all."""
+    codes = frozenset(filter(None, request.query_params.get("regions", "").split(",")))
+    known = set(Region.objects.filter(code__in=codes).values_list("code", flat=True)) if codes else set()
+    if len(codes) > 64 or codes - known:
+        raise ValidationFailed(
+            "regions must list the regions this gateway serves, comma-separated.",
+            detail={"regions": [f"Unknown: {', '.join(sorted(codes - known))[:200]}"]},
+        )
+    return codes
 
 
 def _region_param(request: Request, *, required: bool) -> str:

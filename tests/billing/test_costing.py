@@ -1,4 +1,5 @@
-"""Pricing and attribution, pure: price history, hour cuts, conservation to the cent (hypothesis)."""
+"""Pricing and attribution, pure: price history, hour cuts, conservation to the cent (hypothesis), a
+tenant's cents split over pipeline stages."""
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -8,12 +9,14 @@ from hypothesis import strategies as st
 
 from billing.costing import (
     IDLE,
+    NO_STAGE,
     Price,
     PriceBook,
     Segment,
     attribute,
     round_region_hour,
     segment_costs,
+    stage_shares,
     to_cents,
 )
 
@@ -86,3 +89,32 @@ def test_idle_is_the_unused_share_of_a_shared_deployment():
 def test_rounding_remainders_are_deterministic():
     thirds = {"b": Decimal(1) / 3, "a": Decimal(1) / 3, "c": Decimal(1) / 3}
     assert to_cents(thirds, Decimal(1)) == {"a": Decimal("0.34"), "b": Decimal("0.33"), "c": Decimal("0.33")}
+
+
+stage_tokens = st.dictionaries(
+    st.tuples(st.sampled_from(["", "acme/rag@1.0.0", "acme/rag@2.0.0"]), st.sampled_from(["", "a", "b"])),
+    st.decimals(min_value=0, max_value=10**8, places=2),
+    max_size=6,
+)
+
+
+@given(money, money, stage_tokens)
+def test_a_tenants_stages_add_up_to_its_cents_and_gpu_hours_exactly(cost, gpu_hours, weighted):  # type: ignore[no-untyped-def]
+    cents = cost.quantize(Decimal("0.01"))
+    split = stage_shares(cents, gpu_hours, weighted)
+    assert sum(c for c, _ in split.values()) == cents
+    assert sum(h for _, h in split.values()) == gpu_hours
+    assert all(c == c.quantize(Decimal("0.01")) and c >= 0 for c, _ in split.values())
+    assert set(split) == ({s for s, w in weighted.items() if w > 0} or {NO_STAGE})
+
+
+def test_a_stage_split_rounds_by_largest_remainder():
+    weighted = {("rag", "rewrite"): Decimal(100), NO_STAGE: Decimal(50)}
+    split = stage_shares(Decimal("2.50"), Decimal(1), weighted)
+    assert {stage: cents for stage, (cents, _) in split.items()} == {
+        ("rag", "rewrite"): Decimal("1.67"),
+        NO_STAGE: Decimal("0.83"),
+    }
+    assert stage_shares(Decimal("1.00"), Decimal(1), {("rag", "a"): Decimal(0)}) == {
+        NO_STAGE: (Decimal("1.00"), Decimal(1))
+    }

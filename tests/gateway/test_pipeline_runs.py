@@ -430,3 +430,27 @@ def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, s
     assert refused.status == 503
     assert "stage facts failed: its secret search-key cannot be read" in refused.json()["error"]["message"]
     assert len(facts.got) == 1  # never called without it
+
+
+def test_a_regional_gateway_outside_the_tenants_residency_runs_none_of_its_pipelines(tmp_path, services):
+    facts = services(lambda i: "facts")
+    route = pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER)
+    for regions, served in (
+        ({"eu-west-1"}, True),
+        ({"us-east-1"}, False),
+        ({"eu-west-1", "us-east-1"}, False),
+    ):
+        world = GatewayWorld(tmp_path / "-".join(sorted(regions)), regions=frozenset(regions))
+        try:
+            table = world.control.table
+            table["tenants"]["acme"]["pipelines"] = {"support": {**route, "regions": ["eu-west-1"]}}
+            world.gateway.routes.install(table, "e1", 1)
+            answer = world.chat(model="support", messages=[{"role": "user", "content": "hi"}])
+            if served:
+                assert answer.status == 200
+            else:
+                assert answer.status == 503, answer.body
+                assert "may not be processed in us-east-1" in answer.json()["error"]["message"]
+        finally:
+            world.close()
+    assert len(facts.got) == 1  # only the EU gateway called the tenant's service

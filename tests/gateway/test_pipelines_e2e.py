@@ -7,6 +7,7 @@ import json
 
 import pytest
 import requests
+from django.db.models import Count
 
 from billing.models import UsageRecord
 from regions.models import Deployment
@@ -235,14 +236,23 @@ def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
         ]
         lookup = {
             "stages": [
-                *stages,
+                stages[0],
+                {**stages[1], "top_k": 3},  # every document: the reranker chooses
+                {  # vLLM's /v1/rerank on the embedding model: the cosine of the two embeddings
+                    "name": "rank",
+                    "kind": "model",
+                    "task": "rerank",
+                    "model": "acme/minilm",
+                    "top_n": 1,
+                    "input": {"query": "request.query", "documents": "search"},
+                },
                 {
                     "name": "show",
                     "kind": "http",
                     "url": echo.url,
                     "jurisdiction": "EU",
                     "output": "text",
-                    "input": "search",
+                    "input": "rank",
                 },
             ],
             "output": "show",
@@ -299,8 +309,22 @@ def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
             assert answered.status_code == 200, answered.text
             (document,) = json.loads(answered.json()["choices"][0]["message"]["content"])
             assert document["key"] == expected, (question, document)
+            assert 0 < document["score"] <= 1  # the reranker's relevance score (a cosine)
         streamed = ask("support", "How long until I get my money back?", stream=True)
         assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
-        wait_for(lambda: UsageRecord.objects.filter(model_name="embedder").count() >= 5, timeout=20)
+        # Every model stage is a usage record of its own, naming the pipeline's version and the stage.
+        staged = UsageRecord.objects.exclude(stage="")
+        wait_for(lambda: staged.count() >= 3 * 2 + 2, timeout=20)
+        counts = {
+            (r["pipeline"], r["stage"]): r["n"]
+            for r in staged.values("pipeline", "stage").annotate(n=Count("id")).order_by()
+        }
+        assert counts == {
+            ("acme/lookup@1", "vec"): 3,
+            ("acme/lookup@1", "rank"): 3,
+            ("acme/support@1", "vec"): 1,
+            ("acme/support@1", "answer"): 1,
+        }
+        assert all(r.prompt_tokens > 0 for r in staged)
     finally:
         echo.close()

@@ -141,6 +141,7 @@ def test_the_route_table_carries_production_pipelines_resolved_for_each_tenant(
         "output": ["answer"],
         "stages": [],
         "unavailable": "stage answer: no deployment of acme/tiny-llama@1.0.0 serves acme",
+        "regions": [],  # no region yet where acme's data may be processed
     }
     make_region("eu-west-1", "EU")
     until_ready(
@@ -245,3 +246,40 @@ def test_an_http_stage_sends_the_calling_tenants_secret_whose_value_only_gateway
     assert _view("acme")["pipelines"]["lookup"]["stages"][0]["secret_revision"] == 2  # a new table
     config = gateway.get("/api/v1/routing/gateway-config/").json()["table"]["tenants"]
     assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-rotated"
+
+
+def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_index(
+    world, api, make_region
+):
+    make_region("eu-west-1", "EU")
+    make_region("us-east-1", "US")
+    ops = principal(world.operator)
+    lookup = pipeline_create(actor=ops, owner=None, name="lookup")
+    stage = {**_graph()["stages"][0], "secret": "search-key"}
+    graph = {"stages": [stage], "output": "facts", "budget_ms": 1000}
+    version = pipeline_version_create(actor=ops, pipeline=lookup, version="1", graph=graph)
+    pipeline_version_transition(actor=ops, version=version, to="production")
+    alice = api(world.alice)
+    alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-search-token"}, format="json")
+    alice.post("/api/v1/indexes/", {"owner": "acme", "name": "handbook", "dimensions": 2}, format="json")
+    assert _view("acme")["pipelines"]["lookup"]["regions"] == ["eu-west-1"]  # where acme's data may be
+    gateway = api(secret=gateway_secret(world))
+
+    def config(regions: str) -> dict:
+        url = f"/api/v1/routing/gateway-config/?regions={regions}"
+        return gateway.get(url).json()["table"]["tenants"]["acme"]["pipelines"]["lookup"]["stages"][0]
+
+    assert config("eu-west-1")["secret_value"] == "acme-search-token"
+    assert "secret_value" not in config("us-east-1") and "secret_value" not in config("eu-west-1,us-east-1")
+    index = "/api/v1/routing/indexes/acme/handbook/"
+    assert gateway.get(index + "?regions=eu-west-1").status_code == 200
+    refused = gateway.get(index + "?regions=us-east-1")
+    assert refused.status_code == 403
+    assert "acme's data may not be processed in us-east-1" in refused.json()["error"]["message"]
+    for bad, words in (
+        ("nowhere", "regions must list"),
+        (",".join(f"r{n}" for n in range(70)), "regions must list"),
+        ("eu-west-1,\x00", "NUL characters are not allowed"),
+    ):
+        answer = gateway.get(index, {"regions": bad})
+        assert answer.status_code == 400 and words in answer.json()["error"]["message"]

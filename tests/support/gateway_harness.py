@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -144,7 +145,8 @@ class FakeControlPlane:
             return reply(handler, 503, {"error": {"message": "down"}})
         if handler.path.startswith("/api/v1/routing/indexes/"):
             self.index_fetches += 1
-            found = self.indexes.get(handler.path.removeprefix("/api/v1/routing/indexes/").strip("/"))
+            path = urlsplit(handler.path).path
+            found = self.indexes.get(path.removeprefix("/api/v1/routing/indexes/").strip("/"))
             return reply(handler, 200, found) if found else reply(handler, 404, {"error": {"message": "no"}})
         if handler.path.startswith("/api/v1/routing/activations/"):
             self.activations.append(json.loads(body))
