@@ -37,11 +37,12 @@ from gateway.inbound import (
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition, may_scrape
 from gateway.mirror import MirrorCopy, Mirrors
-from gateway.pipelines import Addresses, PipelineRun, StageFailed, pipeline_refusal, stage_request
+from gateway.pipelines import PipelineRun, StageFailed, pipeline_refusal, stage_request
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
 from gateway.retrieval import Indexes
+from gateway.stage_network import StageNetwork
 from gateway.streaming import EventFilter
 from gateway.tracing import Tracing, finish_pipeline, trace_id, upstream_headers
 from gateway.tracing import finish as finish_span
@@ -85,7 +86,7 @@ class Gateway(App):
         self.mirrors = Mirrors(settings, self.usage)
         self.holds = Holds(settings, self.routes)
         self.indexes = Indexes(settings)
-        self.addresses = Addresses(list(settings.stage_networks))
+        self.stage_network = StageNetwork(list(settings.stage_networks))
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
         # client's record names only the endpoint that answered, so this is where such failures show.
         self.candidate_failures = 0
@@ -127,6 +128,7 @@ class Gateway(App):
                 await asyncio.wait_for(self.usage.ship_once(self.session), timeout=5)
             self.usage.close()
             await self.session.close()
+        await self.stage_network.close()
         await self.limits.close()
         await self.cache.close()
         self.tracing.shutdown()  # the spans still batched go out
@@ -243,7 +245,7 @@ class Gateway(App):
         call = partial(stage_request, self.handle, scope)
         trace = partial(self.tracing.stage, span, pipeline["version"])
         run = PipelineRun(
-            name, pipeline, payload, call, self.session, tenant, self.indexes, self.addresses, trace
+            name, pipeline, payload, call, self.session, tenant, self.indexes, self.stage_network, trace
         )
         status = 200
         try:

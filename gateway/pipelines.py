@@ -9,21 +9,19 @@ its output's type on in its place. The budget bounds everything up to the answer
 """
 
 import asyncio
-import ipaddress
 import json
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 import re2
 
 from gateway import contract
 from gateway.retrieval import Indexes
+from gateway.stage_network import StageNetwork
 from gateway.tracing import StageTrace
 
 # How a model stage's task is asked of an engine, and what of its answer flows on.
@@ -93,13 +91,13 @@ class PipelineRun:
         session: aiohttp.ClientSession,
         tenant: str,
         indexes: Indexes,
-        addresses: "Addresses",
+        network: StageNetwork,
         trace: Trace = untraced,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.name, self.route, self.payload, self.call = name, route, payload, call
         self.session, self.tenant, self.indexes, self.clock = session, tenant, indexes, clock
-        self.addresses, self.trace = addresses, trace
+        self.network, self.trace = network, trace
         self.trace_headers: dict[str, dict[str, str]] = {}  # stage → its span's traceparent
         self.deadline = clock() + route["budget_ms"] / 1000
         messages = payload.get("messages")
@@ -171,7 +169,7 @@ class PipelineRun:
                 outcome = "ok"
             except Exception as exc:  # whatever went wrong, it is this stage's failure, named (never a 500)
                 if stage["on_failure"] != "skip":
-                    raise _failure(stage, exc, timeout) from None
+                    raise _failure(stage, exc, timeout, self.route["budget_ms"]) from None
                 self.values[name], outcome = self.values[stage["passes"]], "skipped"
             finally:
                 traced.outcome, self.took[name] = outcome, (outcome, self.clock() - started)
@@ -214,16 +212,25 @@ class PipelineRun:
         """A tenant's own service: POST {"inputs": {...}}, answered {"output": ...}. Never to an address of
         the gateway's own networks (unless the operator allows it), never following a redirect, never
         reading more than MAX_STAGE_ANSWER bytes."""
-        await self.addresses.check(stage["name"], stage["url"])
+        refused = await self.network.check(stage["url"])
+        if refused:
+            raise StageFailed(stage["name"], 502, refused)
         sent = {"inputs": inputs}
         headers = {}
         if "secret" in stage:  # the tenant's own secret: without its value, the stage is not called at all
             if "secret_value" not in stage:
                 raise StageFailed(stage["name"], 503, f"its secret {stage['secret']} cannot be read")
             headers["Authorization"] = f"Bearer {stage['secret_value']}"
-        async with self.session.post(
-            stage["url"], json=sent, headers=headers, allow_redirects=False
-        ) as answered:
+        try:
+            return await self._post(stage, sent, headers)
+        except aiohttp.ClientConnectorError as exc:
+            raise StageFailed(stage["name"], 502, self.network.refusal(exc) or str(exc)[:300]) from None
+
+    async def _post(
+        self, stage: contract.PipelineStage, sent: dict[str, Any], headers: dict[str, str]
+    ) -> Any:
+        calling = self.network.session().post(stage["url"], json=sent, headers=headers, allow_redirects=False)
+        async with calling as answered:
             if answered.status != 200:
                 raise StageFailed(stage["name"], 502, f"its service answered {answered.status}")
             body = bytearray()
@@ -250,7 +257,7 @@ class PipelineRun:
         if not first.is_set() and not task.done():
             task.cancel()
             self.took[stage["name"]] = ("failed", self.clock() - started)
-            raise _failure(stage, TimeoutError(), timeout)
+            raise _failure(stage, TimeoutError(), timeout, self.route["budget_ms"])
         status, _ = await task
         traced.outcome = "ok" if status == 200 else "failed"
         self.took[stage["name"]] = (traced.outcome, self.clock() - started)
@@ -278,13 +285,18 @@ class PipelineRun:
         await _completion(send, self.name, str(self.values[stage["name"]]), bool(self.payload.get("stream")))
 
 
-def _failure(stage: contract.PipelineStage, exc: BaseException, timeout: float) -> StageFailed:
+def _failure(
+    stage: contract.PipelineStage, exc: BaseException, timeout: float, budget_ms: int
+) -> StageFailed:
     if isinstance(exc, StageFailed):
         return exc
     if isinstance(exc, TimeoutError):
-        return StageFailed(
-            stage["name"], 504, f"it took longer than {timeout * 1000:.0f} ms", "pipeline_timeout"
-        )
+        own = stage["timeout_ms"]
+        if own and timeout * 1000 >= own - 0.5:  # its own timeout, not what was left of the budget
+            message = f"it took longer than {own} ms"
+        else:
+            message = f"the pipeline's budget of {budget_ms} ms ran out while it ran"
+        return StageFailed(stage["name"], 504, message, "pipeline_timeout")
     return StageFailed(stage["name"], 502, f"{type(exc).__name__}: {exc}"[:300])
 
 
@@ -434,28 +446,6 @@ async def _completion(send: Send, model: str, text: str, stream: bool) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-class Addresses:
-    """Where http stages may not go: the gateway's own networks (loopback, private, link-local, the cloud
-    metadata address), unless the operator allows some (``GATEWAY_STAGE_NETWORKS``, for tenants' services
-    on a private network). Checked on the addresses the host resolves to when the stage runs."""
-
-    def __init__(self, allowed: list[str]):
-        self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
-
-    async def check(self, stage: str, url: str) -> None:
-        parsed = urlsplit(url)
-        host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise StageFailed(stage, 502, f"its service's host does not resolve ({exc.strerror})") from None
-        for *_, address in found:
-            ip = ipaddress.ip_address(address[0])
-            internal = ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved
-            if (internal or ip.is_multicast) and not any(ip in network for network in self.allowed):
-                raise StageFailed(stage, 502, "its service is on a network the gateway does not call")
 
 
 async def stage_request(

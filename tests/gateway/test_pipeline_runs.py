@@ -2,12 +2,17 @@
 stages): stages in order, side by side where they can be, conditional routes, redaction before anything
 leaves, timeouts and the budget with their policies, and the answer streamed by its model."""
 
+import socket
 import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
+from aiohttp.abc import AbstractResolver
 
+from gateway.stage_network import Addresses, GuardedResolver
 from regions.engines.simulator import Engine, Handler
 from tests.support.gateway_harness import GatewayWorld, Service, endpoint
 
@@ -170,7 +175,8 @@ def test_the_budget_bounds_the_whole_graph(gw, services):
     slow = services(lambda i: "late", delay=1.0)
     offer(gw, "support", pipeline(REDACT, http("facts", slow, "clean"), PROMPT, ANSWER, budget_ms=300))
     answer = ask(gw)
-    assert answer.status == 504 and "took longer than 300 ms" in answer.json()["error"]["message"]
+    assert answer.status == 504
+    assert "stage facts failed: the pipeline's budget of 300 ms ran out" in answer.json()["error"]["message"]
 
 
 def test_a_failing_service_names_its_stage(gw, services):
@@ -454,3 +460,74 @@ def test_a_regional_gateway_outside_the_tenants_residency_runs_none_of_its_pipel
         finally:
             world.close()
     assert len(facts.got) == 1  # only the EU gateway called the tenant's service
+
+
+class Rebinding(AbstractResolver):
+    """A DNS answer that changes between the gateway's check and its connection (DNS rebinding): public
+    for the check (getaddrinfo, patched below), this host's loopback for the connection."""
+
+    async def resolve(self, host: str, port: int = 0, family: Any = socket.AF_INET) -> list[Any]:
+        found = {
+            "hostname": host,
+            "host": "127.0.0.1",
+            "port": port,
+            "family": family,
+            "proto": 0,
+            "flags": 0,
+        }
+        return [found]
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_host_rebinding_to_the_gateways_own_network_is_refused_at_the_connection(
+    tmp_path, services, monkeypatch
+):
+    closed = GatewayWorld(tmp_path, stage_networks=())
+    try:
+        facts = services(lambda i: "internal secrets")
+        port = urlsplit(facts.url).port
+
+        async def public(host: str, port: int, **kwargs: Any) -> list[Any]:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port))]
+
+        monkeypatch.setattr(closed.loop, "getaddrinfo", public)  # the check sees a public address
+        network = closed.gateway.stage_network
+
+        async def rebinding_session() -> aiohttp.ClientSession:
+            resolver = GuardedResolver(network.addresses, Rebinding())
+            return aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver))
+
+        network._session = closed.run(rebinding_session())
+        closed.gateway.routes.body["tenants"]["acme"]["pipelines"] = {
+            "support": pipeline(
+                REDACT,
+                {**http("facts", facts, "clean"), "url": f"http://rebound.example:{port}/"},
+                PROMPT,
+                ANSWER,
+            )
+        }
+        refused = closed.chat(model="support", messages=[{"role": "user", "content": "hi"}])
+        assert refused.status == 502
+        message = refused.json()["error"]["message"]
+        assert "stage facts failed" in message and "network the gateway does not call" in message
+        assert facts.got == []  # never reached
+    finally:
+        closed.close()
+
+
+def test_the_network_rule_refuses_internal_addresses_of_every_kind():
+    rule = Addresses([])
+    for address in (
+        "127.0.0.1",
+        "10.1.2.3",
+        "169.254.169.254",
+        "::1",
+        "fe80::1%eth0",
+        "224.0.0.1",
+        "0.0.0.0",
+    ):
+        assert rule.refused(address), address
+    assert not rule.refused("93.184.215.14") and not rule.refused("2606:2800:220:1::1")
+    assert not Addresses(["10.0.0.0/8"]).refused("10.1.2.3")  # allowed by the operator

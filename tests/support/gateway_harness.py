@@ -340,6 +340,7 @@ class GatewayWorld:
                 engine.hold.set()
         self.run(self.gateway.mirrors.drain(timeout=0))
         self.run(self.gateway.session.close())
+        self.run(self.gateway.stage_network.close())
         getattr(self.gateway.usage, "close", lambda: None)()
         for engine in [self.engine, *self.extra_engines]:
             engine.server.shutdown()

@@ -1,0 +1,94 @@
+"""Where a pipeline's ``http`` stages may connect: never to the gateway's own side of the network
+(loopback, private, link-local, reserved and multicast addresses, the cloud metadata address among them),
+unless the operator allows some (``GATEWAY_STAGE_NETWORKS``, for tenants' services on a private network).
+
+One rule (``Addresses.refused``), applied twice: before the call, on the addresses the stage's host
+resolves to (a clear error naming the stage), and again by the resolver of the session the stages are
+called with, on the addresses the connection is actually made to. A host whose DNS answer changes between
+the two (DNS rebinding) is therefore refused at the connection, never reached.
+"""
+
+import asyncio
+import errno
+import ipaddress
+import socket
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+REFUSED = "its service is on a network the gateway does not call"
+
+
+class StageAddressRefused(OSError):
+    """A stage's host resolved to an address the gateway does not call."""
+
+
+class Addresses:
+    def __init__(self, allowed: list[str]):
+        self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
+
+    def refused(self, address: str) -> bool:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone is not part of the address
+        internal = ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast
+        return internal and not any(ip in network for network in self.allowed)
+
+    async def check(self, url: str) -> str | None:
+        """Why the stage may not call ``url`` (its host does not resolve, or to a refused address); None
+        when it may."""
+        parsed = urlsplit(url)
+        host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            return f"its service's host does not resolve ({exc.strerror})"
+        return REFUSED if any(self.refused(str(address[0])) for *_, address in found) else None
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolves as ``inner`` does, and refuses every answer holding an address ``addresses`` refuses."""
+
+    def __init__(self, addresses: Addresses, inner: AbstractResolver | None = None):
+        self.addresses, self.inner = addresses, inner or aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self.inner.resolve(host, port, family)
+        if any(self.addresses.refused(result["host"]) for result in found):
+            raise StageAddressRefused(errno.EACCES, REFUSED)
+        return found
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class StageNetwork:
+    """The ``http`` stages' way out: the rule, and the session they are called with, whose resolver
+    applies it to every name it resolves (an IP literal in a URL, which aiohttp does not resolve, is
+    checked by ``check`` before the call)."""
+
+    def __init__(self, allowed: list[str]):
+        self.addresses = Addresses(allowed)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def check(self, url: str) -> str | None:
+        return await self.addresses.check(url)
+
+    @staticmethod
+    def refusal(exc: BaseException) -> str | None:
+        """The rule's refusal if ``exc`` is the connection it refused (the host rebound), else None."""
+        if isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, StageAddressRefused):
+            return REFUSED
+        return None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:  # made in the running loop, on first use
+            resolver = GuardedResolver(self.addresses)
+            connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
