@@ -16,6 +16,8 @@ urlpatterns = [
         name="invitation-withdraw",
     ),
     path("tenants/<slug:slug>/service-accounts/", views.robot_create, name="robot-create"),
+    path("tenants/<slug:slug>/secrets/", views.secret_put, name="secret-put"),
+    path("tenants/<slug:slug>/secrets/<str:name>/delete/", views.secret_delete, name="secret-delete"),
     path("invitations/", views.invitation_list, name="invitations"),
     path(
         "invitations/<int:pk>/accept/",

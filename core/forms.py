@@ -46,6 +46,12 @@ class ServiceAccountForm(forms.Form):
     description = forms.CharField(max_length=500, required=False)
 
 
+class SecretForm(forms.Form):
+    name = forms.RegexField(r"^[a-z][a-z0-9-]{0,62}$", max_length=63, error_messages={"invalid": "Invalid."})
+    # Never rendered back: a form shown again after an error has an empty value field.
+    value = forms.CharField(max_length=4096, strip=False, widget=forms.PasswordInput(render_value=False))
+
+
 class UserForm(forms.Form):
     username = forms.RegexField(r"^[\w.@+-]{1,150}$", max_length=150)
     email = forms.EmailField(required=False)

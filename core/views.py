@@ -20,7 +20,7 @@ from core.choices import AuditSource, Priority, Scope
 from core.errors import ApplicationError, Forbidden, NotFound
 from core.models import Invitation
 from core.principal import Principal
-from core.services import operations, tenants, tokens, users
+from core.services import operations, secrets, tenants, tokens, users
 
 View = Callable[..., HttpResponse]
 
@@ -121,6 +121,9 @@ def tenant_detail(request: HttpRequest, p: Principal, slug: str) -> HttpResponse
             else []
         ),
         "robot_form": forms.ServiceAccountForm(),
+        "secrets": selectors.secrets_of(p, tenant),
+        "can_write_secrets": p.may(Scope.SECRETS_WRITE, tenant.pk),
+        "secret_form": forms.SecretForm(),
     }
     return render(request, "controlplane/tenant_detail.html", context)
 
@@ -216,6 +219,31 @@ def robot_create(request: HttpRequest, p: Principal, slug: str) -> HttpResponse:
         return redirect("dashboard:tenant", slug=slug)
     robot = tenants.service_account_create(actor=p, tenant=tenant, **form.cleaned_data)
     messages.success(request, f"Service account {robot} created.")
+    return redirect("dashboard:tenant", slug=slug)
+
+
+@require_POST
+@page
+def secret_put(request: HttpRequest, p: Principal, slug: str) -> HttpResponse:
+    tenant = selectors.tenant_get(p, slug, None)
+    form = forms.SecretForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A secret needs a name (lowercase letters, digits, -) and a value.")
+        return redirect("dashboard:tenant", slug=slug)
+    secret, created = secrets.secret_put(actor=p, owner=tenant, **form.cleaned_data)
+    messages.success(
+        request, f"Secret {secret} {'stored' if created else 'replaced'} (revision {secret.revision})."
+    )
+    return redirect("dashboard:tenant", slug=slug)
+
+
+@require_POST
+@page
+def secret_delete(request: HttpRequest, p: Principal, slug: str, name: str) -> HttpResponse:
+    tenant = selectors.tenant_get(p, slug, None)
+    secret = selectors.secret_get(p, tenant, name)
+    secrets.secret_delete(actor=p, secret=secret)
+    messages.success(request, f"Secret {secret} deleted.")
     return redirect("dashboard:tenant", slug=slug)
 
 

@@ -83,3 +83,28 @@ def test_bad_tenant_input_shows_a_helpful_message(page, world):
     page.click("button[type=submit]")
     assert page.locator(".error-text").count() >= 2  # slug and residency
     shot(page, "06-tenant-form-errors")
+
+
+def test_a_tenant_admin_stores_replaces_and_deletes_a_secret_never_seeing_it_again(page, world):
+    login(page, "alice", PASSWORD)
+    page.goto("/tenants/acme/")
+    form = page.locator("#secrets form.row-form")
+    form.locator("input[name=name]").fill("search-key")
+    form.locator("input[name=value]").fill("sk-live-browser-1")
+    form.locator("button:has-text('Store or replace')").click()
+    assert "Secret acme/search-key stored (revision 1)." in page.locator(".messages").inner_text()
+    assert "sk-live-browser-1" not in page.content()  # never shown, not even in the form
+    form = page.locator("#secrets form.row-form")
+    form.locator("input[name=name]").fill("search-key")
+    form.locator("input[name=value]").fill("has a space")
+    form.locator("button:has-text('Store or replace')").click()
+    assert "visible ASCII characters" in page.locator(".messages").inner_text()
+    form = page.locator("#secrets form.row-form")
+    form.locator("input[name=name]").fill("search-key")
+    form.locator("input[name=value]").fill("sk-live-browser-2")
+    form.locator("button:has-text('Store or replace')").click()
+    assert "replaced (revision 2)" in page.locator(".messages").inner_text()
+    shot(page, "07-tenant-secrets")
+    page.locator("#secrets button:has-text('Delete')").click()
+    assert "Secret acme/search-key deleted." in page.locator(".messages").inner_text()
+    assert "None yet." in page.locator("#secrets").inner_text()
