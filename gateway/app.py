@@ -10,7 +10,6 @@ import secrets
 import time
 import uuid
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 import aiohttp
@@ -37,14 +36,14 @@ from gateway.inbound import (
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition, may_scrape
 from gateway.mirror import MirrorCopy, Mirrors
-from gateway.pipelines import PipelineRun, StageFailed, pipeline_refusal, stage_request
+from gateway.pipeline_requests import PipelineRequests
 from gateway.prefix import prompt_blocks
 from gateway.reply import Reply
 from gateway.response_cache import Hit, Lookup, ResponseCache, cached_endpoint, entry_meta, parse_stores
 from gateway.retrieval import Indexes
 from gateway.stage_network import StageNetwork
 from gateway.streaming import EventFilter
-from gateway.tracing import Tracing, finish_pipeline, trace_id, upstream_headers
+from gateway.tracing import Tracing, trace_id, upstream_headers
 from gateway.tracing import finish as finish_span
 from gateway.usage import UsageShipper
 
@@ -87,6 +86,15 @@ class Gateway(App):
         self.holds = Holds(settings, self.routes)
         self.indexes = Indexes(settings)
         self.stage_network = StageNetwork(list(settings.stage_networks))
+        self.pipelines = PipelineRequests(
+            self.handle,
+            self.routes,
+            self.limits,
+            self.metrics,
+            self.tracing,
+            self.indexes,
+            self.stage_network,
+        )
         # Candidate attempts that failed before the first byte and were retried on the stable revision: the
         # client's record names only the endpoint that answered, so this is where such failures show.
         self.candidate_failures = 0
@@ -185,7 +193,10 @@ class Gateway(App):
             if path != "/v1/chat/completions":
                 message = f"{name} is a pipeline: it answers /v1/chat/completions only."
                 return await reply.error(400, message, "invalid_request")
-            return await self._run_pipeline(scope, send, reply, tenant, name, pipeline, payload, headers)
+            assert self.session is not None
+            return await self.pipelines.serve(
+                self.session, scope, send, reply, tenant, name, pipeline, payload, headers
+            )
         if route is None:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
@@ -220,46 +231,6 @@ class Gateway(App):
         finally:
             # Its place in the tenant's requests in flight is free, its tokens count against the minute.
             await self.limits.finish(ticket, 0 if hit else spent_tokens(seen))
-
-    async def _run_pipeline(
-        self,
-        scope: dict[str, Any],
-        send: Any,
-        reply: Reply,
-        tenant: str,
-        name: str,
-        pipeline: contract.PipelineRoute,
-        payload: dict[str, Any],
-        headers: dict[str, str],
-    ) -> None:
-        """Run the tenant's pipeline (gateway/pipelines.py): each model stage a request through ``handle``,
-        the run a span whose children are the stages' (and theirs the model requests')."""
-        assert self.session is not None
-        refused = pipeline_refusal(tenant, name, pipeline, payload, self.routes.view(tenant).get("blocked"))
-        if refused is not None:
-            return await reply.error(*refused)
-        about = {"gateway.tenant": tenant, "gateway.request_id": reply.request_id}
-        span = self.tracing.start(headers, "/v1/chat/completions", name, about)
-        if span is not None:
-            span.set_attribute("gateway.pipeline", pipeline["version"])
-        call = partial(stage_request, self.handle, scope)
-        trace = partial(self.tracing.stage, span, pipeline["version"])
-        run = PipelineRun(
-            name, pipeline, payload, call, self.session, tenant, self.indexes, self.stage_network, trace
-        )
-        status = 200
-        try:
-            await run.run(send)
-        except StageFailed as failed:
-            status = failed.status
-            if not run.answering:  # an answer already started cannot be replaced by an error
-                await reply.error(
-                    failed.status, f"{name}: stage {failed.stage} failed: {failed.message}.", failed.code
-                )
-        finally:
-            finish_pipeline(span, status)
-            for stage, (outcome, seconds) in run.took.items():
-                self.metrics.stage(tenant, name, stage, outcome, seconds)
 
     async def _hold(
         self, reply: Reply, tenant: str, name: str, headers: dict[str, str], receive: Any

@@ -65,20 +65,6 @@ def last_user_text(messages: Any) -> str:
     return ""
 
 
-def pipeline_refusal(
-    tenant: str, name: str, route: contract.PipelineRoute, payload: dict[str, Any], blocked: str | None
-) -> tuple[int, str, str] | None:
-    """Why the request is refused before any stage runs (status, message, code); None to run it."""
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        return 400, "messages must be a list of message objects.", "invalid_request"
-    if blocked:
-        return 429, f"{tenant}: {blocked}.", "insufficient_quota"
-    if "unavailable" in route:
-        return 503, f"{name} cannot run now: {route['unavailable']}.", "pipeline_unavailable"
-    return None
-
-
 class PipelineRun:
     """One request through one pipeline."""
 
@@ -446,44 +432,3 @@ async def _completion(send: Send, model: str, text: str, stream: bool) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-async def stage_request(
-    handle: Callable[[dict[str, Any], Any, Any], Awaitable[None]],
-    scope: dict[str, Any],
-    stage: tuple[str, str],
-    path: str,
-    body: dict[str, Any],
-    send: Send | None,
-    trace: dict[str, str],
-) -> tuple[int, bytes]:
-    """A stage's request to a model, handled by the gateway's ``handle`` as a client's would be, with the
-    client's own headers but the stage's ``traceparent`` (``trace``: its span is the stage's child): the
-    status, and the body when ``send`` is None (else the response went to ``send``). The scope names
-    the stage for its usage record (a scope key no client can set)."""
-    data = json.dumps(body).encode()
-    skip = {b"content-length", b"content-type", b"traceparent", b"tracestate"}
-    headers = [(k, v) for k, v in scope["headers"] if k.lower() not in skip]
-    headers += [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
-    headers += [(k.encode(), v.encode()) for k, v in trace.items()]
-    inner = {**scope, "path": path, "raw_path": path.encode(), "query_string": b"", "headers": headers}
-    inner["pipeline"] = stage
-    status, kept = [0], list[bytes]()
-    delivered = asyncio.Event()
-
-    async def receive() -> dict[str, Any]:
-        if delivered.is_set():
-            await asyncio.Event().wait()  # no disconnect to report: the stage waits as long as it runs
-        delivered.set()
-        return {"type": "http.request", "body": data, "more_body": False}
-
-    async def answer(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            status[0] = message["status"]
-        if send is not None:
-            await send(message)
-        elif message["type"] == "http.response.body":
-            kept.append(message.get("body", b""))
-
-    await handle(inner, receive, answer)
-    return status[0], b"".join(kept)

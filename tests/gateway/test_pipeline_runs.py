@@ -531,3 +531,16 @@ def test_the_network_rule_refuses_internal_addresses_of_every_kind():
         assert rule.refused(address), address
     assert not rule.refused("93.184.215.14") and not rule.refused("2606:2800:220:1::1")
     assert not Addresses(["10.0.0.0/8"]).refused("10.1.2.3")  # allowed by the operator
+
+
+def test_a_pipeline_with_no_model_stage_is_rate_limited_as_one_request(gw, services):
+    facts = services(lambda i: "facts")
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {"requests_per_minute": 2}
+    offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean")))
+    statuses = [ask(gw).status for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert len(facts.got) == 2  # the refused request ran no stage
+    # With a model stage, each model stage is admitted as the request it is (and the run is not counted).
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {"concurrent_requests": 1}
+    offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER))
+    assert ask(gw).status == 200  # its one place is the answer's, not taken by the run itself
