@@ -128,15 +128,19 @@ def fleet_capacity(principal: Principal) -> list[dict[str, Any]]:
     return rows
 
 
-def processing_regions(tenant: Tenant) -> frozenset[str]:
+def region_jurisdictions() -> dict[str, str]:
+    return dict(Region.objects.values_list("code", "jurisdiction"))
+
+
+def processing_regions(tenant: Tenant, places: dict[str, str] | None = None) -> frozenset[str]:
     """The regions where the tenant's data may be processed: those whose jurisdiction its residency allows
     (``core.residency``). A gateway holds or works on a tenant's data (its indexes, its secrets, a
-    pipeline's own stages) only when every region it serves is one of them."""
+    pipeline's own stages) only when every region it serves is one of them. ``places``: every region's
+    jurisdiction, when the caller read them once for many tenants."""
     residency = residency_of(tenant)
+    places = region_jurisdictions() if places is None else places
     return frozenset(
-        code
-        for code, jurisdiction in Region.objects.values_list("code", "jurisdiction")
-        if processing_refusal(residency, jurisdiction) is None
+        code for code, jurisdiction in places.items() if processing_refusal(residency, jurisdiction) is None
     )
 
 

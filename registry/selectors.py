@@ -109,10 +109,11 @@ def index_get(principal: Principal, owner: str, name: str) -> RetrievalIndex:
     return index
 
 
-def tenant_index(tenant: Tenant, name: str) -> RetrievalIndex | None:
-    """The tenant's own index of that name: what its pipelines' retrieve stages search (a platform
-    pipeline's too: each tenant's documents stay its own)."""
-    return RetrievalIndex.objects.filter(owner=tenant, name=name).first()
+def index_revisions() -> dict[tuple[int, str], int]:
+    """(tenant id, index name) → revision of every tenant's indexes: what pipelines' retrieve stages
+    search (system use: no caller)."""
+    rows = RetrievalIndex.objects.values_list("owner_id", "name", "revision")
+    return {(owner, name): revision for owner, name, revision in rows}
 
 
 def pipelines_in_production() -> QuerySet[PipelineVersion]:

@@ -5,18 +5,17 @@ inside the tenant's residency. Read by the pipeline page; the same rule as the d
 
 import logging
 from dataclasses import dataclass
-
-from django.db.models import Case, Q, When
+from typing import Any
 
 from core.models import Tenant
 from core.residency import processing_refusal, residency_of
-from core.services.secrets import secret_revision
+from core.services.secrets import secret_revisions
 from gateway import contract
 from regions.choices import DeploymentState
 from regions.models import Deployment
-from regions.selectors import processing_regions
+from regions.selectors import processing_regions, region_jurisdictions
 from registry import selectors as registry_selectors
-from registry.models import PipelineVersion
+from registry.models import ModelVersion, PipelineVersion
 from registry.pipelines import REDACTIONS, Graph, Stage, parse_graph
 
 log = logging.getLogger(__name__)
@@ -33,45 +32,87 @@ class StagePlan:
     revision: int = 0  # a retrieve stage: its index's revision; an http stage: its secret's
 
 
-def pipeline_plan(tenant: Tenant, version: PipelineVersion, table: contract.RouteTable) -> list[StagePlan]:
-    graph: Graph = parse_graph(version.graph)
+class Facts:
+    """What resolving pipelines reads from the database, read once for a whole publish (every tenant, every
+    pipeline) instead of once per tenant and stage: a catalog pipeline used by thousands of tenants costs
+    a few queries, not a few per tenant. The rules stay where they are; this only remembers their inputs."""
+
+    def __init__(self) -> None:
+        self.graphs: dict[int, Graph] = {}
+        self.versions: dict[tuple[str, ...], ModelVersion | None] = {}
+        self.deployments: dict[int, list[Deployment]] = {}
+        self._indexes: dict[tuple[int, str], int] | None = None
+        self._secrets: dict[tuple[int, str], int] | None = None
+
+    def graph(self, version: PipelineVersion) -> Graph:
+        if version.pk not in self.graphs:
+            self.graphs[version.pk] = parse_graph(version.graph)
+        return self.graphs[version.pk]
+
+    def stage_version(self, config: dict[str, Any]) -> ModelVersion | None:
+        key = (config["model"], config.get("version", ""), config.get("alias", ""))
+        if key not in self.versions:
+            self.versions[key] = registry_selectors.stage_version(config)
+        return self.versions[key]
+
+    def serving(self, tenant: Tenant, version: ModelVersion) -> list[Deployment]:
+        """The active deployments of ``version`` the tenant may call: its own first, then shared ones."""
+        if version.pk not in self.deployments:
+            active = Deployment.objects.filter(state=DeploymentState.ACTIVE, version=version)
+            self.deployments[version.pk] = list(active)  # every tenant's: narrowed per tenant below
+        usable = [d for d in self.deployments[version.pk] if d.owner_id == tenant.pk or d.shared]
+        return sorted(usable, key=lambda d: (d.owner_id != tenant.pk, d.name))
+
+    def index_revision(self, tenant: Tenant, name: str) -> int | None:
+        if self._indexes is None:
+            self._indexes = registry_selectors.index_revisions()
+        return self._indexes.get((tenant.pk, name))
+
+    def secret_revision(self, tenant: Tenant, name: str) -> int | None:
+        if self._secrets is None:
+            self._secrets = secret_revisions()
+        return self._secrets.get((tenant.pk, name))
+
+
+def pipeline_plan(
+    tenant: Tenant, version: PipelineVersion, table: contract.RouteTable, facts: Facts | None = None
+) -> list[StagePlan]:
+    facts = facts or Facts()
     view = table.get("tenants", {}).get(tenant.slug)
     routes = view["models"] if view else {}
-    return [_plan(tenant, stage, routes) for stage in graph.stages.values()]
+    return [_plan(tenant, stage, routes, facts) for stage in facts.graph(version).stages.values()]
 
 
-def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> StagePlan:
+def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route], facts: Facts) -> StagePlan:
     if stage.kind == "model":
-        return _model_plan(tenant, stage, routes)
+        return _model_plan(tenant, stage, routes, facts)
     if stage.kind == "http":
         jurisdiction = stage.config["jurisdiction"]
         refusal = processing_refusal(residency_of(tenant), jurisdiction) or ""
         secret, revision = stage.config.get("secret"), 0
         if secret and not refusal:  # the calling tenant's own secret of that name
-            revision = secret_revision(tenant, secret) or 0
+            revision = facts.secret_revision(tenant, secret) or 0
             refusal = "" if revision else f"{tenant.slug} has no secret {secret}"
         serves = f"{stage.config['url']} ({jurisdiction})"
         return StagePlan(stage.name, stage.kind, serves, refusal=refusal, revision=revision)
     if stage.kind == "retrieve":
-        index = registry_selectors.tenant_index(tenant, stage.config["index"])
+        # The calling tenant's own index of that name (a platform pipeline's too: each tenant's documents
+        # stay its own).
+        held = facts.index_revision(tenant, stage.config["index"])
         serves = f"index {stage.config['index']} (in the gateway)"
-        if index is None:
+        if held is None:
             return StagePlan(
                 stage.name, stage.kind, serves, refusal=f"{tenant.slug} has no index {stage.config['index']}"
             )
-        return StagePlan(stage.name, stage.kind, serves, revision=index.revision)
+        return StagePlan(stage.name, stage.kind, serves, revision=held)
     return StagePlan(stage.name, stage.kind, "the gateway")
 
 
-def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route]) -> StagePlan:
-    version = registry_selectors.stage_version(stage.config)
+def _model_plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route], facts: Facts) -> StagePlan:
+    version = facts.stage_version(stage.config)
     if version is None:
         return StagePlan(stage.name, stage.kind, stage.config["model"], refusal="no version to run")
-    own = Case(When(owner=tenant, then=0), default=1)
-    deployments = Deployment.objects.filter(
-        Q(owner=tenant) | Q(shared=True), state=DeploymentState.ACTIVE, version=version
-    ).order_by(own, "name")  # the tenant's own first
-    for deployment in deployments:
+    for deployment in facts.serving(tenant, version):
         route = routes.get(deployment.name)
         # The tenant's route of that name may be another deployment of its own (its own names shadow the
         # shared ones): only a route whose engines are this deployment's serves the stage.
@@ -93,8 +134,11 @@ def attach_pipelines(tenants: dict[str, contract.TenantRoutes]) -> None:
     route table, under the model name clients call them by. A name the tenant already calls a model by
     stays the model's. A pipeline with a stage that cannot run for the tenant now is listed unavailable,
     naming the stage: the gateway refuses it (503) and never spills a stage out of residency."""
-    by_slug = {t.slug: t for t in Tenant.objects.filter(slug__in=tenants)}
     versions = list(registry_selectors.pipelines_in_production())
+    if not versions:
+        return
+    by_slug = {t.slug: t for t in Tenant.objects.filter(slug__in=tenants)}
+    facts, places = Facts(), region_jurisdictions()
     for slug, view in tenants.items():
         tenant = by_slug.get(slug)
         if tenant is None:
@@ -103,19 +147,19 @@ def attach_pipelines(tenants: dict[str, contract.TenantRoutes]) -> None:
         # The tenant's own pipeline of a name wins over the catalog's, as its own deployments do.
         mine.sort(key=lambda v: v.pipeline.owner_id is not None)
         named = {v.pipeline.name: v for v in mine if v.pipeline.name not in view["models"]}
-        regions = sorted(processing_regions(tenant)) if named else []
-        routes = {name: _safely(tenant, v, view, regions) for name, v in named.items()}
+        regions = sorted(processing_regions(tenant, places)) if named else []
+        routes = {name: _safely(tenant, v, view, regions, facts) for name, v in named.items()}
         if routes:
             view["pipelines"] = routes
 
 
 def _safely(
-    tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes, regions: list[str]
+    tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes, regions: list[str], facts: Facts
 ) -> contract.PipelineRoute:
     """The pipeline's route, or, should resolving it fail, the pipeline unavailable: one pipeline never
     stops the table (every tenant's routes and failovers) from being published."""
     try:
-        route = _route(tenant, version, view)
+        route = _route(tenant, version, view, facts)
         route["regions"] = regions  # where a gateway may run its own stages on the tenant's data
         return route
     except Exception:
@@ -125,9 +169,11 @@ def _safely(
         return broken
 
 
-def _route(tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes) -> contract.PipelineRoute:
-    graph = parse_graph(version.graph)
-    plans = {p.stage: p for p in pipeline_plan(tenant, version, {"tenants": {tenant.slug: view}})}
+def _route(
+    tenant: Tenant, version: PipelineVersion, view: contract.TenantRoutes, facts: Facts
+) -> contract.PipelineRoute:
+    graph = facts.graph(version)
+    plans = {p.stage: p for p in pipeline_plan(tenant, version, {"tenants": {tenant.slug: view}}, facts)}
     route: contract.PipelineRoute = {
         "version": str(version),
         "budget_ms": graph.budget_ms,

@@ -85,9 +85,10 @@ def secret_delete(*, actor: Principal, secret: TenantSecret) -> None:
         secret.delete()
 
 
-def secret_revision(owner: Tenant, name: str) -> int | None:
-    """The revision of the tenant's secret of that name, None when it has none (system use: no caller)."""
-    return TenantSecret.objects.filter(owner=owner, name=name).values_list("revision", flat=True).first()
+def secret_revisions() -> dict[tuple[int, str], int]:
+    """(tenant id, name) → revision of every tenant's secrets (system use: no caller; no values)."""
+    rows = TenantSecret.objects.values_list("owner_id", "name", "revision")
+    return {(owner, name): revision for owner, name, revision in rows}
 
 
 def secret_value(tenant: str, name: str) -> str | None:

@@ -6,13 +6,16 @@ import re
 from html import unescape
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from core.models import AuditEvent
+from core.models import AuditEvent, Tenant
 from regions.services.deployments import deployment_create
 from registry.services.models import model_register
 from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
-from routing.pipelines import pipeline_plan
+from routing.pipelines import attach_pipelines, pipeline_plan
 from routing.services import publish
+from tests.support.factories import TenantFactory
 from tests.support.gateway import gateway_secret
 from tests.support.principals import principal
 from tests.support.regions import tiny_version, until_ready
@@ -283,3 +286,40 @@ def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_
     ):
         answer = gateway.get(index, {"regions": bad})
         assert answer.status_code == 400 and words in answer.json()["error"]["message"]
+
+
+def test_resolving_pipelines_reads_the_database_a_fixed_number_of_times_whatever_the_tenants(world, tiny):
+    """A catalog pipeline used by every tenant: its stages are resolved from facts read once per publish."""
+    ops = principal(world.operator)
+    catalog = model_register(actor=ops, owner=None, name="embed", task="embedding", visibility="catalog")
+    advance(register(catalog, ops), ops, "production")
+    faq = pipeline_create(actor=ops, owner=None, name="faq")
+    graph = {
+        "stages": [
+            {
+                "name": "vec",
+                "kind": "model",
+                "task": "embed",
+                "model": "platform/embed",
+                "input": "request.query",
+            },
+            {"name": "search", "kind": "retrieve", "index": "handbook", "input": "vec"},
+            {**_graph()["stages"][0], "input": "search", "secret": "search-key"},
+        ],
+        "output": "facts",
+        "budget_ms": 2000,
+    }
+    version = pipeline_version_create(actor=ops, pipeline=faq, version="1", graph=graph)
+    pipeline_version_transition(actor=ops, version=version, to="production")
+
+    def queries(count: int) -> int:
+        for n in range(count):
+            TenantFactory(slug=f"t{count}-{n}", residency=["EU"])
+        slugs = list(Tenant.objects.values_list("slug", flat=True))
+        views = {slug: {"limits": {}, "blocked": "", "models": {}} for slug in slugs}
+        with CaptureQueriesContext(connection) as done:
+            attach_pipelines(views)  # type: ignore[arg-type]
+        assert all("faq" in view["pipelines"] for view in views.values())
+        return len(done.captured_queries)
+
+    assert queries(1) == queries(30)
