@@ -61,43 +61,33 @@ class PipelineRequests:
             self.metrics.refuse(tenant, "rate_limit")
             message = f"Rate limit reached for {tenant}: {refused_by}."
             return await reply.error(429, message, "rate_limit_exceeded")
+        call = partial(stage_request, self.handle, scope)
+        run = PipelineRun(name, pipeline, payload, call, session, tenant, self.indexes, self.network)
         try:
-            await self._run(session, scope, send, reply, tenant, name, pipeline, payload, headers)
+            await self._traced(run, send, reply, headers)
         finally:
             await self.limits.finish(ticket, 0)
 
-    async def _run(
-        self,
-        session: aiohttp.ClientSession,
-        scope: dict[str, Any],
-        send: Any,
-        reply: Reply,
-        tenant: str,
-        name: str,
-        pipeline: contract.PipelineRoute,
-        payload: dict[str, Any],
-        headers: dict[str, str],
-    ) -> None:
+    async def _traced(self, run: PipelineRun, send: Any, reply: Reply, headers: dict[str, str]) -> None:
         """The run: a span whose children are the stages' (and theirs the model requests')."""
-        about = {"gateway.tenant": tenant, "gateway.request_id": reply.request_id}
-        span = self.tracing.start(headers, "/v1/chat/completions", name, about)
+        version = run.route["version"]
+        about = {"gateway.tenant": run.tenant, "gateway.request_id": reply.request_id}
+        span = self.tracing.start(headers, "/v1/chat/completions", run.name, about)
         if span is not None:
-            span.set_attribute("gateway.pipeline", pipeline["version"])
-        call = partial(stage_request, self.handle, scope)
-        trace = partial(self.tracing.stage, span, pipeline["version"])
-        run = PipelineRun(name, pipeline, payload, call, session, tenant, self.indexes, self.network, trace)
+            span.set_attribute("gateway.pipeline", version)
+        run.trace = partial(self.tracing.stage, span, version)
         status = 200
         try:
             await run.run(send)
         except StageFailed as failed:
             status = failed.status
             if not run.answering:  # an answer already started cannot be replaced by an error
-                message = f"{name}: stage {failed.stage} failed: {failed.message}."
+                message = f"{run.name}: stage {failed.stage} failed: {failed.message}."
                 await reply.error(failed.status, message, failed.code)
         finally:
             finish_pipeline(span, status)
             for stage, (outcome, seconds) in run.took.items():
-                self.metrics.stage(tenant, name, stage, outcome, seconds)
+                self.metrics.stage(run.tenant, run.name, stage, outcome, seconds)
 
 
 def pipeline_refusal(
