@@ -7,6 +7,7 @@ from django import forms
 from django.conf import settings
 
 from core.choices import ALL_SCOPES, Jurisdiction, PlatformRole, Priority, Scope, TenantRole, TenantStatus
+from core.models import SECRET_NAME
 
 
 class TenantForm(forms.Form):
@@ -47,9 +48,16 @@ class ServiceAccountForm(forms.Form):
 
 
 class SecretForm(forms.Form):
-    name = forms.RegexField(r"^[a-z][a-z0-9-]{0,62}$", max_length=63, error_messages={"invalid": "Invalid."})
-    # Never rendered back: a form shown again after an error has an empty value field.
-    value = forms.CharField(max_length=4096, strip=False, widget=forms.PasswordInput(render_value=False))
+    name = forms.RegexField(
+        f"^{SECRET_NAME}$", max_length=63, widget=forms.TextInput(attrs={"autocomplete": "off"})
+    )
+    # Never rendered back (an error shows an empty field), and never filled in by the browser with the
+    # user's own password ("new-password": the password manager does not offer the login).
+    value = forms.CharField(
+        max_length=4096,
+        strip=False,
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+    )
 
 
 class UserForm(forms.Form):

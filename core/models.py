@@ -162,13 +162,16 @@ class ServiceAccount(models.Model):
         return f"{self.tenant.slug}/{self.name}" if self.tenant else f"platform/{self.name}"
 
 
+SECRET_NAME = r"[a-z][a-z0-9-]{0,62}"  # how a secret is named, and referred to by pipelines
+
+
 class TenantSecret(models.Model):
     """A tenant's secret (an API key its pipelines' ``http`` stages send to its own services), referred to
     by name everywhere. Only sealed (core/sealing.py: AES-GCM, bound to the tenant and the name) is it
     stored; its value is never shown again, only its revision, which moves on every change."""
 
     owner = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="secrets")
-    name = models.CharField(max_length=63, validators=[RegexValidator(r"^[a-z][a-z0-9-]{0,62}$")])
+    name = models.CharField(max_length=63, validators=[RegexValidator(f"^{SECRET_NAME}$")])
     sealed = models.BinaryField()
     revision = models.PositiveIntegerField(default=1)
     updated_by_name = models.CharField(max_length=150)

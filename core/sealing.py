@@ -27,6 +27,12 @@ def _cipher() -> AESGCM:
     return AESGCM(key.digest())
 
 
+def sealing_key_tag() -> str:
+    """Names the sealing key (its generation) without giving it away: 8 hex characters of an HMAC."""
+    tag = salted_hmac("core.sealing", "key-tag", secret=settings.TENANT_SECRETS_KEY, algorithm="sha256")
+    return tag.hexdigest()[:8]
+
+
 def seal(value: str, context: str) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     return nonce + _cipher().encrypt(nonce, value.encode(), context.encode())

@@ -4,6 +4,7 @@ import asyncio
 import json
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,7 @@ class RouteCache:
     etag: str = ""
     generation: int = 0
     fetched_at: float = 0.0
+    wants_secrets: bool = True  # the global entry runs no pipeline: it asks for no tenant's secret
     # Set when a new table is installed, then replaced by a fresh one: requests held for a deployment at
     # zero (gateway/hold.py) wait on it for the table that gives their route endpoints.
     _changed: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
@@ -146,12 +148,12 @@ class RouteCache:
     def _save(self) -> None:
         path = self.settings.cache_file
         if path:
-            partial = path.with_suffix(".partial")
-            partial.unlink(missing_ok=True)
-            # Readable by the gateway's user only: the table carries engine keys and tenants' secrets.
-            with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
+            # A file of this process's own (workers write side by side), readable by the gateway's user
+            # only (mkstemp: 0600): the table carries engine keys and tenants' secrets.
+            handle, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
+            with os.fdopen(handle, "w") as out:
                 json.dump({"body": self.body, "etag": self.etag, "generation": self.generation}, out)
-            partial.replace(path)  # atomic: a crash never leaves half a table
+            os.replace(partial, path)  # atomic: a crash never leaves half a table
 
     def tenant_of(self, digest: str, requested: str | None) -> str | None:
         credential = self.body.get("credentials", {}).get(digest)
@@ -177,6 +179,7 @@ class RouteCache:
             headers["If-None-Match"] = f'"{self.etag}"'
         url = f"{self.settings.control_plane}/api/v1/routing/gateway-config/?wait={wait}"
         url += self.settings.regions_query()  # tenants' secrets come only to where their data may be
+        url += "" if self.wants_secrets else "&secrets=none"
         timeout = aiohttp.ClientTimeout(total=wait + 10)
         async with session.get(url, headers=headers, timeout=timeout) as reply:
             if reply.status == 304:

@@ -108,7 +108,7 @@ class TenantLimits(TypedDict, total=False):
     concurrent_requests: int
 
 
-# The model tasks a gateway runs as pipeline stages (rerank and classify: not yet).
+# The model tasks a gateway runs as pipeline stages.
 PIPELINE_TASKS = ("chat", "completion", "embed", "rerank", "classify")
 
 
@@ -141,7 +141,7 @@ class PipelineStage(TypedDict):
     url: NotRequired[str]  # http
     jurisdiction: NotRequired[str]  # http: where the service runs (inside the tenant's residency)
     secret: NotRequired[str]  # http: the name of the calling tenant's secret it sends as a bearer token
-    secret_revision: NotRequired[int]  # http: that secret's revision (a new one publishes a new table)
+    secret_version: NotRequired[str]  # http: that secret's version (a new value publishes a new table)
     secret_value: NotRequired[str]  # http: its value, in the gateways' copy of the table only
     patterns: NotRequired[list[str]]  # redact: regular expressions
     replacement: NotRequired[str]  # redact

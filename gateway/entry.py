@@ -37,7 +37,7 @@ NOT_SERVED = frozenset({502, 503, 504})
 class Entry(App):
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.routes = RouteCache(settings)
+        self.routes = RouteCache(settings, wants_secrets=False)
         self.session: aiohttp.ClientSession | None = None
         self.tasks: list[asyncio.Task[None]] = []
         self.forwarded: dict[str, int] = {}  # per region: requests a regional gateway answered

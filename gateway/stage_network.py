@@ -29,9 +29,17 @@ class Addresses:
         self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
 
     def refused(self, address: str) -> bool:
+        """Whether ``address`` is not the public internet (private, loopback, link-local, shared
+        carrier-grade space such as 100.100.100.200, reserved, multicast), seen through the IPv6 forms
+        that carry an IPv4 address (mapped, 6to4, Teredo), unless the operator allowed its network."""
         ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone is not part of the address
-        internal = ip.is_private or ip.is_loopback or ip.is_link_local or ip.is_reserved or ip.is_multicast
-        return internal and not any(ip in network for network in self.allowed)
+        if any(ip in network for network in self.allowed):
+            return False
+        if isinstance(ip, ipaddress.IPv6Address):
+            carried = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+            if carried is not None and self.refused(str(carried)):
+                return True
+        return not ip.is_global or ip.is_multicast
 
     async def check(self, url: str) -> str | None:
         """Why the stage may not call ``url`` (its host does not resolve, or to a refused address); None
@@ -68,8 +76,9 @@ class StageNetwork:
     applies it to every name it resolves (an IP literal in a URL, which aiohttp does not resolve, is
     checked by ``check`` before the call)."""
 
-    def __init__(self, allowed: list[str]):
+    def __init__(self, allowed: list[str], resolver: AbstractResolver | None = None):
         self.addresses = Addresses(allowed)
+        self.resolver = resolver  # the names' resolver under the rule (None: the system's)
         self._session: aiohttp.ClientSession | None = None
 
     async def check(self, url: str) -> str | None:
@@ -84,7 +93,7 @@ class StageNetwork:
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:  # made in the running loop, on first use
-            resolver = GuardedResolver(self.addresses)
+            resolver = GuardedResolver(self.addresses, self.resolver)
             connector = aiohttp.TCPConnector(resolver=resolver, use_dns_cache=False)
             self._session = aiohttp.ClientSession(connector=connector)
         return self._session

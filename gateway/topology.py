@@ -46,7 +46,9 @@ def regional(table: contract.RouteTable, regions: frozenset[str]) -> contract.Ro
             _narrow(route, regions)
         for pipeline in view.get("pipelines", {}).values():
             outside = sorted(regions - set(pipeline.get("regions", [])))
-            if outside:  # fail closed: never run a tenant's stages where its data may not be
+            # Fail closed: never run a tenant's stages where its data may not be (a reason it already
+            # has, e.g. a stage outside residency, stays the reason).
+            if outside and "unavailable" not in pipeline:
                 pipeline["stages"] = []
                 pipeline["unavailable"] = f"the tenant's data may not be processed in {', '.join(outside)}"
     return narrowed

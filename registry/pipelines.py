@@ -18,6 +18,7 @@ from typing import Any
 import re2
 
 from core.errors import ValidationFailed
+from core.models import SECRET_NAME
 
 MAX_STAGES = 32
 MAX_BUDGET_MS = 600_000
@@ -26,7 +27,7 @@ MODEL_REF = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}/[A-Za-z0-9][A-Za-z0-9._-]{0,19
 VERSION_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
 INDEX = NAME
 JURISDICTION = re.compile(r"^[A-Z]{2,8}$")
-SECRET_REF = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+SECRET_REF = re.compile(f"^{SECRET_NAME}$")
 
 # The types that flow along edges.
 TEXT, MESSAGES, VECTOR, DOCUMENTS, LABEL, JSON = "text", "messages", "vector", "documents", "label", "json"
@@ -287,7 +288,7 @@ def _model(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
 
 def _http(raw: dict[str, Any], where: str, inputs: dict[str, str]) -> Typed:
     url = raw.get("url")
-    if not isinstance(url, str) or not re.match(r"^https?://[^\s\x00]{1,2000}$", url):
+    if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s\x00]{1,2000}", url):
         raise Refused(where + ".url", "must be an http(s) URL")
     jurisdiction = _text(
         raw.get("jurisdiction"), where + ".jurisdiction", JURISDICTION, "a jurisdiction (EU, US…)"

@@ -9,7 +9,7 @@ from typing import Any
 
 from core.models import Tenant
 from core.residency import processing_refusal, residency_of
-from core.services.secrets import secret_revisions
+from core.services.secrets import secret_versions
 from gateway import contract
 from regions.choices import DeploymentState
 from regions.models import Deployment
@@ -29,7 +29,8 @@ class StagePlan:
     regions: tuple[str, ...] = ()  # a model stage's regions with an engine up, in the route's order
     refusal: str = ""  # why it cannot run for this tenant now ('' when it can)
     route: str = ""  # a model stage: the tenant's model name the gateway calls for it
-    revision: int = 0  # a retrieve stage: its index's revision; an http stage: its secret's
+    revision: int = 0  # a retrieve stage: its index's revision
+    secret_version: str = ""  # an http stage with a secret: the secret's version
 
 
 class Facts:
@@ -42,7 +43,7 @@ class Facts:
         self.versions: dict[tuple[str, ...], ModelVersion | None] = {}
         self.deployments: dict[int, list[Deployment]] = {}
         self._indexes: dict[tuple[int, str], int] | None = None
-        self._secrets: dict[tuple[int, str], int] | None = None
+        self._secrets: dict[tuple[int, str], str] | None = None
 
     def graph(self, version: PipelineVersion) -> Graph:
         if version.pk not in self.graphs:
@@ -68,9 +69,9 @@ class Facts:
             self._indexes = registry_selectors.index_revisions()
         return self._indexes.get((tenant.pk, name))
 
-    def secret_revision(self, tenant: Tenant, name: str) -> int | None:
+    def secret_version(self, tenant: Tenant, name: str) -> str | None:
         if self._secrets is None:
-            self._secrets = secret_revisions()
+            self._secrets = secret_versions()
         return self._secrets.get((tenant.pk, name))
 
 
@@ -89,12 +90,12 @@ def _plan(tenant: Tenant, stage: Stage, routes: dict[str, contract.Route], facts
     if stage.kind == "http":
         jurisdiction = stage.config["jurisdiction"]
         refusal = processing_refusal(residency_of(tenant), jurisdiction) or ""
-        secret, revision = stage.config.get("secret"), 0
+        secret, version = stage.config.get("secret"), ""
         if secret and not refusal:  # the calling tenant's own secret of that name
-            revision = facts.secret_revision(tenant, secret) or 0
-            refusal = "" if revision else f"{tenant.slug} has no secret {secret}"
+            version = facts.secret_version(tenant, secret) or ""
+            refusal = "" if version else f"{tenant.slug} has no secret {secret}"
         serves = f"{stage.config['url']} ({jurisdiction})"
-        return StagePlan(stage.name, stage.kind, serves, refusal=refusal, revision=revision)
+        return StagePlan(stage.name, stage.kind, serves, refusal=refusal, secret_version=version)
     if stage.kind == "retrieve":
         # The calling tenant's own index of that name (a platform pipeline's too: each tenant's documents
         # stay its own).
@@ -216,7 +217,7 @@ def _stage(stage: Stage, plan: StagePlan) -> contract.PipelineStage:
     elif stage.kind == "http":
         wire["url"], wire["jurisdiction"] = config["url"], config["jurisdiction"]
         if "secret" in config:  # its name and revision: only the gateways' copy of the table has its value
-            wire["secret"], wire["secret_revision"] = config["secret"], plan.revision
+            wire["secret"], wire["secret_version"] = config["secret"], plan.secret_version
     elif stage.kind == "redact":
         wire["patterns"] = [REDACTIONS[p] if isinstance(p, str) else p["regex"] for p in config["patterns"]]
         wire["replacement"] = config["replacement"]

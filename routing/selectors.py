@@ -18,6 +18,7 @@ from core.errors import Forbidden, NotFound
 from core.models import ApiToken, Tenant
 from core.principal import Principal
 from core.residency import weights_of
+from core.sealing import sealing_key_tag
 from core.selectors import scoped, visible_tenant_slugs
 from core.services import secrets
 from gateway import contract
@@ -326,16 +327,24 @@ def _tenants_of(token: ApiToken) -> list[Tenant]:
     return [token.tenant] if token.tenant is not None else []
 
 
-def for_gateways(body: contract.RouteTable, gateway_regions: frozenset[str]) -> contract.RouteTable:
+def for_gateways(
+    body: contract.RouteTable, gateway_regions: frozenset[str], secrets_wanted: bool = True
+) -> contract.RouteTable:
     """The table as gateways get it: every endpoint with its deployment's engine API key, every pipeline's
-    ``http`` stage with the value of the tenant's secret it sends, if the gateway's regions may hold the
-    tenant's data (a copy: the stored table, which people and exports read, has neither)."""
+    ``http`` stage with the value of the tenant's secret it sends, if the gateway runs pipelines
+    (``secrets_wanted``; the global entry does not) and the pipeline may run in every region the gateway
+    serves (its ``regions``, as the gateway itself checks). A copy: the stored table, which people and
+    exports read, has neither."""
     keys: dict[int, str] = {}
-    holders = {
-        t.slug
-        for t in Tenant.objects.filter(slug__in=body.get("tenants", {}))
-        if gateway_refusal(t, gateway_regions) is None
+    wanted = {
+        (slug, stage["secret"])
+        for slug, view in body.get("tenants", {}).items()
+        for route in view.get("pipelines", {}).values()
+        if not gateway_regions or gateway_regions <= set(route.get("regions", []))
+        for stage in route["stages"]
+        if "secret" in stage
     }
+    values = secrets.secret_values(wanted) if secrets_wanted and wanted else {}
     tenants = {
         slug: {
             **view,
@@ -349,22 +358,18 @@ def for_gateways(body: contract.RouteTable, gateway_regions: frozenset[str]) -> 
                 }
                 for name, route in view["models"].items()
             },
-            **(
-                {"pipelines": _with_secrets(slug, view["pipelines"])}
-                if "pipelines" in view and slug in holders
-                else {}
-            ),
+            **({"pipelines": _with_secrets(slug, view["pipelines"], values)} if "pipelines" in view else {}),
         }
         for slug, view in body.get("tenants", {}).items()
     }
     return {**body, "tenants": tenants}  # type: ignore[typeddict-item]
 
 
-def _with_secrets(tenant: str, pipelines: dict[str, contract.PipelineRoute]) -> dict[str, Any]:
+def _with_secrets(
+    tenant: str, pipelines: dict[str, contract.PipelineRoute], values: dict[tuple[str, str], str]
+) -> dict[str, Any]:
     def stage(wire: contract.PipelineStage) -> contract.PipelineStage:
-        if "secret" not in wire:
-            return wire
-        value = secrets.secret_value(tenant, wire["secret"])
+        value = values.get((tenant, wire["secret"])) if "secret" in wire else None
         return {**wire, "secret_value": value} if value is not None else wire
 
     return {
@@ -372,9 +377,10 @@ def _with_secrets(tenant: str, pipelines: dict[str, contract.PipelineRoute]) -> 
     }
 
 
-def engine_keys_tag() -> str:
-    """Names the engine keys' generation (the root they derive from) without giving them away."""
-    return key_fingerprint(0)[:8]
+def secret_keys_tag() -> str:
+    """Names the generation of the keys behind what only gateways get (the engine keys' root, the key
+    tenants' secrets are sealed with) without giving them away."""
+    return key_fingerprint(0)[:8] + sealing_key_tag()
 
 
 def index_for_gateways(tenant: str, name: str, gateway_regions: frozenset[str]) -> contract.RetrievalIndex:

@@ -20,7 +20,7 @@ from core.api.conventions import REDACT_ATTRIBUTE, etag, expected_revision, idem
 from core.api.filters import AuditEventFilter
 from core.choices import Scope
 from core.errors import NotFound
-from core.models import ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
+from core.models import SECRET_NAME, ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
 from core.principal import Principal
 from core.services import operations, secrets, tenants, tokens, users
 
@@ -131,7 +131,7 @@ class SecretViewSet(PrincipalMixin, viewsets.ViewSet):
     """Secrets of one tenant: /tenants/{slug}/secrets/{name}/. Values go in (PUT) and never come out."""
 
     serializer_class = s.SecretSerializer
-    lookup_value_regex = r"[a-z][a-z0-9-]{0,62}"
+    lookup_value_regex = SECRET_NAME
 
     @extend_schema(responses={200: s.SecretSerializer(many=True), **ERRORS})
     def list(self, request: Request, tenant_slug: str) -> Response:

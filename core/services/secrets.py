@@ -3,6 +3,7 @@ names the calling tenant's secret it sends), their values never shown or logged 
 audit trail give the name and the revision only. The gateways get the values of the secrets their route
 table refers to, in their own copy of it (routing.selectors.for_gateways)."""
 
+import logging
 import re
 from datetime import datetime
 
@@ -10,16 +11,18 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.choices import Scope
-from core.errors import ValidationFailed
+from core.errors import NotFound, ValidationFailed
 from core.models import Tenant, TenantSecret
 from core.principal import Principal
 from core.sealing import Unreadable, seal, unseal
 from core.services.audit import audit_record, create_audited
 from core.services.validation import full_clean
 
+log = logging.getLogger(__name__)
+
 # Sent as ``Authorization: Bearer <value>``: visible ASCII, no spaces or line breaks (nothing that could
 # end the header and start another).
-VALUE = re.compile(r"^[\x21-\x7e]{1,4096}$")
+VALUE = re.compile(r"[\x21-\x7e]{1,4096}")
 
 
 def _context(owner: Tenant, name: str) -> str:
@@ -31,7 +34,7 @@ def secret_put(
 ) -> tuple[TenantSecret, bool]:
     """Store the secret, or replace its value (a new revision); whether it was created."""
     actor.require(Scope.SECRETS_WRITE, owner.pk)
-    if not isinstance(value, str) or not VALUE.match(value):
+    if not isinstance(value, str) or not VALUE.fullmatch(value):
         raise ValidationFailed(
             "A secret's value is 1 to 4,096 visible ASCII characters (no spaces or line breaks).",
             detail={"value": ["Invalid."]},
@@ -39,66 +42,72 @@ def secret_put(
     now = now or timezone.now()
     sealed = seal(value, _context(owner, name))
     with transaction.atomic():
-        held = TenantSecret.objects.select_for_update().filter(owner=owner, name=name).first()
+        # The tenant's row, locked: two first PUTs of one name follow each other (the second a new
+        # revision, as a repeated PUT is), never a conflict.
+        Tenant.objects.select_for_update().filter(pk=owner.pk).first()
+        held = TenantSecret.objects.filter(owner=owner, name=name).first()
         if held is None:
-            secret = TenantSecret(
-                owner=owner,
-                name=name,
-                sealed=sealed,
-                updated_by_name=actor.name,
-                created_at=now,
-                updated_at=now,
-            )
-            full_clean(secret, exclude=["owner", "sealed"])
-            created = create_audited(
-                actor=actor,
-                instance=secret,
-                action="secret.created",
-                tenant=owner,
-                after={"name": name, "revision": 1},
-                taken=f"Secret {owner.slug}/{name} was just created: send it again to replace it.",
-            )
-            return created, True
+            return _created(actor, owner, name, sealed, now), True
         held.sealed, held.revision = sealed, held.revision + 1
         held.updated_by_name, held.updated_at = actor.name, now
         held.save(update_fields=["sealed", "revision", "updated_by_name", "updated_at"])
-        audit_record(
-            actor=actor,
-            action="secret.rotated",
-            target=held,
-            tenant=owner,
-            after={"name": name, "revision": held.revision},
-        )
+        after = {"name": name, "revision": held.revision}
+        audit_record(actor=actor, action="secret.rotated", target=held, tenant=owner, after=after)
         return held, False
+
+
+def _created(actor: Principal, owner: Tenant, name: str, sealed: bytes, now: datetime) -> TenantSecret:
+    secret = TenantSecret(
+        owner=owner, name=name, sealed=sealed, updated_by_name=actor.name, created_at=now, updated_at=now
+    )
+    full_clean(secret, exclude=["owner", "sealed"])
+    return create_audited(
+        actor=actor,
+        instance=secret,
+        action="secret.created",
+        tenant=owner,
+        after={"name": name, "revision": 1},
+        taken=f"Secret {owner.slug}/{name} was just created: send it again to replace it.",
+    )
 
 
 def secret_delete(*, actor: Principal, secret: TenantSecret) -> None:
     actor.require(Scope.SECRETS_WRITE, secret.owner_id)
     with transaction.atomic():
-        audit_record(
-            actor=actor,
-            action="secret.deleted",
-            target=secret,
-            tenant=secret.owner,
-            before={"name": secret.name, "revision": secret.revision},
-        )
-        secret.delete()
+        deleted, _ = TenantSecret.objects.filter(pk=secret.pk).delete()
+        if not deleted:  # deleted meanwhile by another request: one deletion, audited once
+            raise NotFound(f"No secret '{secret}'.")
+        before = {"name": secret.name, "revision": secret.revision}
+        audit_record(actor=actor, action="secret.deleted", target=secret, tenant=secret.owner, before=before)
 
 
-def secret_revisions() -> dict[tuple[int, str], int]:
-    """(tenant id, name) → revision of every tenant's secrets (system use: no caller; no values)."""
-    rows = TenantSecret.objects.values_list("owner_id", "name", "revision")
-    return {(owner, name): revision for owner, name, revision in rows}
+def secret_versions() -> dict[tuple[int, str], str]:
+    """(tenant id, name) → a version of every tenant's secret that is never used twice (its row and its
+    revision: a secret deleted and stored again is a new row), so a new value always makes a new route
+    table (system use: no caller; no values)."""
+    rows = TenantSecret.objects.values_list("owner_id", "name", "pk", "revision")
+    return {(owner, name): f"{pk}.{revision}" for owner, name, pk, revision in rows}
+
+
+def secret_values(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The values of the secrets ``wanted`` ((tenant slug, name) pairs), for the gateways only, in one
+    read. One that is gone or no longer opens (the sealing key changed) is left out: the gateway then
+    fails the stage that needs it, never calls without it."""
+    owners = {slug for slug, _ in wanted}
+    rows = TenantSecret.objects.filter(owner__slug__in=owners).select_related("owner")
+    found = {}
+    for secret in rows:
+        key = (secret.owner.slug, secret.name)
+        if key not in wanted:
+            continue
+        try:
+            found[key] = unseal(bytes(secret.sealed), _context(secret.owner, secret.name))
+        except Unreadable:
+            log.error(
+                "secret %s does not open: TENANT_SECRETS_KEY changed? Its tenant must store it again", secret
+            )
+    return found
 
 
 def secret_value(tenant: str, name: str) -> str | None:
-    """The value of a tenant's (by slug) secret, for the gateways only; None when it is gone or no longer
-    opens (the sealing key changed): the gateway then fails the stage that needs it, never calls
-    without it."""
-    secret = TenantSecret.objects.filter(owner__slug=tenant, name=name).select_related("owner").first()
-    if secret is None:
-        return None
-    try:
-        return unseal(bytes(secret.sealed), _context(secret.owner, name))
-    except Unreadable:
-        return None
+    return secret_values({(tenant, name)}).get((tenant, name))

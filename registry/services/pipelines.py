@@ -40,7 +40,7 @@ def pipeline_version_create(
 ) -> PipelineVersion:
     actor.require(Scope.REGISTRY_WRITE, pipeline.owner_id)
     parsed = parse_graph(graph)
-    check_graph(pipeline, parsed)
+    check_graph(actor, pipeline, parsed)
     created = PipelineVersion(pipeline=pipeline, version=version, graph=graph, created_by_name=actor.name)
     full_clean(created, exclude=["pipeline"])
     try:
@@ -61,7 +61,7 @@ def pipeline_version_create(
 def pipeline_version_update(*, actor: Principal, version: PipelineVersion, graph: Any) -> PipelineVersion:
     """Replace a draft's graph; a version out of draft is immutable (make a new version)."""
     actor.require(Scope.REGISTRY_WRITE, version.pipeline.owner_id)
-    check_graph(version.pipeline, parse_graph(graph))
+    check_graph(actor, version.pipeline, parse_graph(graph))
     with transaction.atomic():
         updated = PipelineVersion.objects.filter(pk=version.pk, status=P.DRAFT).update(graph=graph)
         if not updated:
@@ -91,7 +91,7 @@ def pipeline_version_transition(
     if to not in PIPELINE_TRANSITIONS.get(version.status, frozenset()):
         raise InvalidTransition(f"{version} cannot go from {version.status} to {to}.")
     if to == P.PRODUCTION:
-        check_graph(version.pipeline, parse_graph(version.graph))
+        check_graph(actor, version.pipeline, parse_graph(version.graph))
     try:
         with transaction.atomic():
             if to == P.PRODUCTION:
@@ -122,10 +122,13 @@ def _move(actor: Principal, version: PipelineVersion, to: str, reason: str) -> N
     )
 
 
-def check_graph(pipeline: Pipeline, graph: Graph) -> None:
+def check_graph(actor: Principal, pipeline: Pipeline, graph: Graph) -> None:
     """What the graph's structure cannot say: each model stage names a model its owner may use, serving
-    its task, with a version to run; and every stage can run inside the owner's residency (a platform
-    pipeline's callers are checked when they call it)."""
+    its task, with a version to run; a stage sending a secret may (``_secret_stage``); and every stage
+    can run inside the owner's residency (a platform pipeline's callers are checked when they call it)."""
+    for stage in graph.stages.values():
+        if "secret" in stage.config:
+            _secret_stage(actor, pipeline.owner, stage)
     for stage in graph.model_stages():
         _model_stage(pipeline.owner, stage)
     if pipeline.owner is None:
@@ -135,6 +138,17 @@ def check_graph(pipeline: Pipeline, graph: Graph) -> None:
         jurisdiction = stage.config.get("jurisdiction")
         if jurisdiction and (refusal := processing_refusal(residency, jurisdiction)):
             raise _refused(stage, "jurisdiction", refusal)
+
+
+def _secret_stage(actor: Principal, owner: Tenant | None, stage: Stage) -> None:
+    """Whoever chooses where a secret goes chooses who reads it: only the tenant's own pipelines send its
+    secrets (a platform pipeline would send every caller's to a service the platform chose), only over
+    https, and only written or promoted by someone who may manage the tenant's secrets."""
+    if owner is None:
+        raise _refused(stage, "secret", "a platform pipeline cannot send tenants' secrets")
+    if not stage.config["url"].startswith("https://"):
+        raise _refused(stage, "url", "a stage that sends a secret calls an https URL only")
+    actor.require(Scope.SECRETS_WRITE, owner.pk)
 
 
 def _model_stage(owner: Tenant | None, stage: Stage) -> None:

@@ -18,7 +18,8 @@ from core import selectors as core_selectors
 from core.api.conventions import idempotent
 from core.api.views import ERRORS, PrincipalMixin
 from core.choices import Scope
-from core.errors import ValidationFailed
+from core.errors import Forbidden, ValidationFailed
+from core.principal import Principal
 from gateway import contract
 from regions.models import Region
 from routing import activation, exports, selectors, services
@@ -48,6 +49,9 @@ def _wait(request: Request) -> float:
     return wait
 
 
+GATEWAY_REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+
+
 def _if_none_match(request: Request) -> str:
     return request.headers.get("If-None-Match", "").strip().removeprefix("W/").strip('"')
 
@@ -74,17 +78,20 @@ class GatewayConfigView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes with the engines' API keys and the secrets
         its pipelines' http stages send, and the token digests (``gateway:sync``)."""
-        self.principal.require(Scope.GATEWAY_SYNC)
-        # The engines' keys are in this answer only (not in the table stored or shown): its ETag names
-        # their generation too, so a new root key reaches every gateway at once.
-        keys = selectors.engine_keys_tag()
+        _require_gateway(self.principal)
+        regions, secrets = _gateway_regions(request), request.query_params.get("secrets") != "none"
+        # The engines' keys and the tenants' secrets are in this answer only (not in the table stored or
+        # shown): its ETag names their keys' generation too, so a new root key reaches every gateway.
+        keys = selectors.secret_keys_tag()
         held, _, tag = _if_none_match(request).rpartition("-")
         table = services.table_after(held if tag == keys else "", _wait(request))
         etag = f"{table.etag}-{keys}"
+        if _if_none_match(request) == etag:  # nothing new: nothing to build
+            return Response(status=304, headers={"ETag": f'"{etag}"'})
         config: contract.GatewayConfig = {
             "generation": table.generation,
             "etag": etag,
-            "table": selectors.for_gateways(table.body, _gateway_regions(request)),
+            "table": selectors.for_gateways(table.body, regions, secrets),
         }
         return _conditional(request, etag, config)
 
@@ -94,7 +101,7 @@ class GatewayIndexView(PrincipalMixin):
     def get(self, request: Request, tenant: str, name: str) -> Response:
         """A tenant's retrieval index as gateways search it: its documents with their vectors
         (``gateway:sync``; the route table names each index's revision)."""
-        self.principal.require(Scope.GATEWAY_SYNC)
+        _require_gateway(self.principal)
         index = selectors.index_for_gateways(tenant, name, _gateway_regions(request))
         return Response(index)
 
@@ -159,15 +166,31 @@ class GatewayApiExportView(PrincipalMixin):
         return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
 
 
+def _require_gateway(principal: Principal) -> None:
+    """What only gateways get (engines' keys, tenants' secrets and indexes) goes to a gateway's own
+    service account (``gateway:sync``), never to a person, whatever role they hold."""
+    principal.require(Scope.GATEWAY_SYNC)
+    if principal.service_account is None:
+        raise Forbidden(
+            "Only a gateway's service account reads this (engines' keys, tenants' secrets), never a person.",
+            detail={"scope": Scope.GATEWAY_SYNC},
+        )
+
+
 def _gateway_regions(request: Request) -> frozenset[str]:
     """``?regions=a,b``: the regions the calling gateway serves (its GATEWAY_REGIONS; none: every region).
-    The tenants' data it gets (secrets, indexes) is only that of tenants whose residency allows them all."""
-    codes = frozenset(filter(None, request.query_params.get("regions", "").split(",")))
-    known = set(Region.objects.filter(code__in=codes).values_list("code", flat=True)) if codes else set()
-    if len(codes) > 64 or codes - known:
+    The tenants' data it gets (secrets, indexes) is only that of tenants whose residency allows them all;
+    a code no region has (one renamed or removed) is inside no tenant's residency, so it gets none."""
+    given = request.query_params.getlist("regions")
+    if not given:
+        return frozenset()
+    listed = given[0].split(",")
+    codes = frozenset(listed)
+    # Given at all, it is one list of valid codes: ",,," or a second regions= is no "every region".
+    if len(given) > 1 or len(listed) > 64 or not all(GATEWAY_REGION.fullmatch(code) for code in codes):
         raise ValidationFailed(
-            "regions must list the regions this gateway serves, comma-separated.",
-            detail={"regions": [f"Unknown: {', '.join(sorted(codes - known))[:200]}"]},
+            "regions must list the regions this gateway serves (at most 64), comma-separated.",
+            detail={"regions": ["Invalid."]},
         )
     return codes
 

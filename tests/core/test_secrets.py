@@ -76,7 +76,11 @@ def test_another_tenant_and_a_viewer_cannot_touch_it(world, api):
     [
         {"value": ""},
         {"value": "has space"},
-        {"value": "line\r\nX-Injected: 1"},
+        {"value": "line\r\nX-Injected:1"},
+        {"value": "trailing-newline\n"},
+        {"value": "a\nb"},
+        {"value": "a\rb"},
+        {"value": "tab\tinside"},
         {"value": "nul\x00byte"},
         {"value": "é-not-ascii"},
         {"value": "x" * 4097},

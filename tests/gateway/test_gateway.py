@@ -14,7 +14,7 @@ from billing.models import UsageRecord
 from gateway.fleet_limits import keys
 from routing import health, services
 from routing.models import RouteTable, RoutingEvent
-from tests.support.gateway import Gateway, chat, kill_engines, stream_chat
+from tests.support.gateway import Gateway, chat, gateway_secret, kill_engines, stream_chat
 from tests.support.principals import principal
 from tests.support.processes import free_port, wait_for
 
@@ -222,7 +222,12 @@ def test_route_table_api_is_tenant_scoped_conditional_and_exported(world, fleet,
         api(world.alice).get("/api/v1/routing/gateway-config/").status_code == 403
     )  # token digests: gateways only
     assert api(world.operator).get("/api/v1/routing/gateway-config/").status_code == 403
-    assert "credentials" in api(world.admin).get("/api/v1/routing/gateway-config/").json()["table"]
+    # Engines' keys and tenants' secrets: a gateway's service account only, never a person, even an admin.
+    assert api(world.admin).get("/api/v1/routing/gateway-config/").status_code == 403
+    assert (
+        "credentials"
+        in api(secret=gateway_secret(world)).get("/api/v1/routing/gateway-config/").json()["table"]
+    )
     nginx = api(world.alice).get("/api/v1/routing/export/nginx/")
     assert nginx.status_code == 200 and f"upstream {world.tenant_a.slug}__chat" in nginx.content.decode()
     assert "backup" in nginx.content.decode()  # eu-central-1 takes over only when eu-west-1 is down

@@ -8,11 +8,10 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import pytest
 from aiohttp.abc import AbstractResolver
 
-from gateway.stage_network import Addresses, GuardedResolver
+from gateway.stage_network import Addresses
 from regions.engines.simulator import Engine, Handler
 from tests.support.gateway_harness import GatewayWorld, Service, endpoint
 
@@ -422,7 +421,7 @@ def test_clients_call_rerank_and_classify_models_directly(gw, pooling_engine):
 
 def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, services):
     facts = services(lambda i: "facts")
-    keyed = http("facts", facts, "clean", secret="search-key", secret_revision=1, secret_value="tok-1")
+    keyed = http("facts", facts, "clean", secret="search-key", secret_version="7.1", secret_value="tok-1")
     offer(gw, "support", pipeline(REDACT, keyed, PROMPT, ANSWER))
     assert ask(gw).status == 200 and facts.authorizations == ["Bearer tok-1"]
     plain = services(lambda i: "facts")
@@ -493,13 +492,8 @@ def test_a_host_rebinding_to_the_gateways_own_network_is_refused_at_the_connecti
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", port))]
 
         monkeypatch.setattr(closed.loop, "getaddrinfo", public)  # the check sees a public address
-        network = closed.gateway.stage_network
-
-        async def rebinding_session() -> aiohttp.ClientSession:
-            resolver = GuardedResolver(network.addresses, Rebinding())
-            return aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver))
-
-        network._session = closed.run(rebinding_session())
+        # The gateway's own stage network (its session made on first use), resolving by the rebinding DNS.
+        closed.gateway.stage_network.resolver = Rebinding()
         closed.gateway.routes.body["tenants"]["acme"]["pipelines"] = {
             "support": pipeline(
                 REDACT,
@@ -519,15 +513,9 @@ def test_a_host_rebinding_to_the_gateways_own_network_is_refused_at_the_connecti
 
 def test_the_network_rule_refuses_internal_addresses_of_every_kind():
     rule = Addresses([])
-    for address in (
-        "127.0.0.1",
-        "10.1.2.3",
-        "169.254.169.254",
-        "::1",
-        "fe80::1%eth0",
-        "224.0.0.1",
-        "0.0.0.0",
-    ):
+    internal = ["127.0.0.1", "10.1.2.3", "169.254.169.254", "100.100.100.200", "::1", "fe80::1%eth0"]
+    internal += ["224.0.0.1", "0.0.0.0", "::ffff:127.0.0.1", "2002:7f00:1::1", "fd00::1", "192.0.2.1"]
+    for address in internal:
         assert rule.refused(address), address
     assert not rule.refused("93.184.215.14") and not rule.refused("2606:2800:220:1::1")
     assert not Addresses(["10.0.0.0/8"]).refused("10.1.2.3")  # allowed by the operator

@@ -284,3 +284,45 @@ def test_a_viewer_reads_but_does_not_write_and_the_platform_catalog_is_read_only
             api(tenant).post("/api/v1/pipelines/platform/faq/versions/", body, format="json").status_code
             == 403
         )
+
+
+def test_a_stage_sending_a_secret_is_the_tenants_own_over_https_by_whoever_manages_its_secrets(
+    world, api, pipeline
+):
+    keyed = {
+        "search": {
+            "kind": "http",
+            "url": "https://search.acme.example/",
+            "jurisdiction": "EU",
+            "output": "documents",
+            "secret": "search-key",
+            "index": None,
+        }
+    }
+    written = (PipelineVersion.objects.count(), AuditEvent.objects.count())
+    # A CI token that may write and promote pipelines, but not manage secrets, cannot send one anywhere.
+    ci = api(world.alice, scopes=["registry:read", "registry:write", "registry:promote"])
+    refused = define(ci, "2.0.0", **keyed)
+    assert refused.status_code == 403 and refused.json()["error"]["detail"]["scope"] == "secrets:write"
+    plain = {"search": {**keyed["search"], "url": "http://search.acme.example/"}}
+    cleartext = define(api(world.alice), "2.0.0", **plain)
+    assert cleartext.status_code == 400
+    assert cleartext.json()["error"]["detail"] == {
+        "stages.search.url": ["a stage that sends a secret calls an https URL only"]
+    }
+    assert (PipelineVersion.objects.count(), AuditEvent.objects.count()) == (
+        written[0],
+        written[1] + 2,
+    )  # tokens
+    assert define(api(world.alice), "2.0.0", **keyed).status_code == 201
+    ops = api(world.operator)
+    ops.post("/api/v1/pipelines/", {"owner": "platform", "name": "catalog-rag"}, format="json")
+    catalog = ops.post(
+        "/api/v1/pipelines/platform/catalog-rag/versions/",
+        {"version": "1", "graph": graph(**keyed)},
+        format="json",
+    )
+    assert catalog.status_code == 400
+    assert catalog.json()["error"]["detail"] == {
+        "stages.search.secret": ["a platform pipeline cannot send tenants' secrets"]
+    }

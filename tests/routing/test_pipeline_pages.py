@@ -224,31 +224,43 @@ def test_a_retrieve_stage_searches_the_calling_tenants_own_index(world, api):
     assert plan["vec"] == "EU is outside globex's residency policy (US)"
 
 
-def test_an_http_stage_sends_the_calling_tenants_secret_whose_value_only_gateways_get(world, api):
-    ops = principal(world.operator)
-    lookup = pipeline_create(actor=ops, owner=None, name="lookup")
+def _secret_lookup(world) -> None:  # type: ignore[no-untyped-def]
+    """acme's pipeline "lookup": one http stage sending acme's secret search-key, in production."""
+    alice = principal(world.alice)
+    lookup = pipeline_create(actor=alice, owner=world.tenant_a, name="lookup")
     stage = {**_graph()["stages"][0], "secret": "search-key"}
     graph = {"stages": [stage], "output": "facts", "budget_ms": 1000}
-    version = pipeline_version_create(actor=ops, pipeline=lookup, version="1", graph=graph)
-    pipeline_version_transition(actor=ops, version=version, to="production")
+    version = pipeline_version_create(actor=alice, pipeline=lookup, version="1", graph=graph)
+    pipeline_version_transition(actor=alice, version=version, to="production")
+
+
+def test_an_http_stage_sends_the_tenants_secret_whose_value_only_gateways_get(world, api):
+    _secret_lookup(world)
     assert _view("acme")["pipelines"]["lookup"]["unavailable"] == "stage facts: acme has no secret search-key"
     alice = api(world.alice)
     alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-search-token"}, format="json")
     wire = _view("acme")["pipelines"]["lookup"]["stages"][0]
-    assert (wire["secret"], wire["secret_revision"]) == ("search-key", 1) and "secret_value" not in wire
+    first = wire["secret_version"]
+    assert wire["secret"] == "search-key" and first.endswith(".1") and "secret_value" not in wire
     assert "acme-search-token" not in json.dumps(publish().body)  # the stored, shown table has no value
     assert "acme-search-token" not in alice.get("/api/v1/routing/table/").content.decode()
     gateway = api(secret=gateway_secret(world))
     config = gateway.get("/api/v1/routing/gateway-config/").json()["table"]["tenants"]
     assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-search-token"
-    # globex runs the catalog pipeline with its own secret, or not at all: never with acme's.
-    assert config["globex"]["pipelines"]["lookup"]["unavailable"] == (
-        "stage facts: EU is outside globex's residency policy (US)"
-    )
+    assert "lookup" not in config["globex"].get("pipelines", {})  # acme's alone
     alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-rotated"}, format="json")
-    assert _view("acme")["pipelines"]["lookup"]["stages"][0]["secret_revision"] == 2  # a new table
+    rotated = _view("acme")["pipelines"]["lookup"]["stages"][0]["secret_version"]
+    assert rotated.endswith(".2")  # a new table
+    # Deleted and stored again: revision 1 again, but never the same version (gateways see a new table).
+    alice.delete("/api/v1/tenants/acme/secrets/search-key/")
+    alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-again"}, format="json")
+    again = _view("acme")["pipelines"]["lookup"]["stages"][0]["secret_version"]
+    assert again.endswith(".1") and again not in (first, rotated)
     config = gateway.get("/api/v1/routing/gateway-config/").json()["table"]["tenants"]
-    assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-rotated"
+    assert config["acme"]["pipelines"]["lookup"]["stages"][0]["secret_value"] == "acme-again"
+    # The global entry runs no pipeline: it gets no tenant's secret.
+    entry = gateway.get("/api/v1/routing/gateway-config/?secrets=none").json()["table"]["tenants"]
+    assert "secret_value" not in entry["acme"]["pipelines"]["lookup"]["stages"][0]
 
 
 def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_index(
@@ -256,12 +268,7 @@ def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_
 ):
     make_region("eu-west-1", "EU")
     make_region("us-east-1", "US")
-    ops = principal(world.operator)
-    lookup = pipeline_create(actor=ops, owner=None, name="lookup")
-    stage = {**_graph()["stages"][0], "secret": "search-key"}
-    graph = {"stages": [stage], "output": "facts", "budget_ms": 1000}
-    version = pipeline_version_create(actor=ops, pipeline=lookup, version="1", graph=graph)
-    pipeline_version_transition(actor=ops, version=version, to="production")
+    _secret_lookup(world)
     alice = api(world.alice)
     alice.put("/api/v1/tenants/acme/secrets/search-key/", {"value": "acme-search-token"}, format="json")
     alice.post("/api/v1/indexes/", {"owner": "acme", "name": "handbook", "dimensions": 2}, format="json")
@@ -279,8 +286,10 @@ def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_
     refused = gateway.get(index + "?regions=us-east-1")
     assert refused.status_code == 403
     assert "acme's data may not be processed in us-east-1" in refused.json()["error"]["message"]
+    assert "secret_value" not in config("nowhere")  # a region no longer known holds nobody's data
+    assert gateway.get(index + "?regions=nowhere").status_code == 403
     for bad, words in (
-        ("nowhere", "regions must list"),
+        ("Not A Region!", "regions must list"),
         (",".join(f"r{n}" for n in range(70)), "regions must list"),
         ("eu-west-1,\x00", "NUL characters are not allowed"),
     ):
@@ -304,7 +313,7 @@ def test_resolving_pipelines_reads_the_database_a_fixed_number_of_times_whatever
                 "input": "request.query",
             },
             {"name": "search", "kind": "retrieve", "index": "handbook", "input": "vec"},
-            {**_graph()["stages"][0], "input": "search", "secret": "search-key"},
+            {**_graph()["stages"][0], "input": "search"},
         ],
         "output": "facts",
         "budget_ms": 2000,
