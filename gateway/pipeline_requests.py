@@ -4,6 +4,7 @@ model stage a request of its own through the gateway's ``handle``, traced and me
 
 import asyncio
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -20,6 +21,7 @@ from gateway.retrieval import Indexes
 from gateway.stage_network import StageNetwork
 from gateway.tracing import Tracing, finish_pipeline
 
+log = logging.getLogger("gateway")
 Handle = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 
@@ -84,6 +86,11 @@ class PipelineRequests:
             if not run.answering:  # an answer already started cannot be replaced by an error
                 message = f"{run.name}: stage {failed.stage} failed: {failed.message}."
                 await reply.error(failed.status, message, failed.code)
+        except Exception:  # a bug: logged, answered with the envelope, the span and metrics still closed
+            log.exception("pipeline %s failed for %s", run.name, run.tenant)
+            status = 500
+            if not run.answering:
+                await reply.error(500, f"{run.name} failed inside the gateway.", "internal_error")
         finally:
             finish_pipeline(span, status)
             for stage, (outcome, seconds) in run.took.items():

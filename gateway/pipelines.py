@@ -59,9 +59,11 @@ def last_user_text(messages: Any) -> str:
     for message in reversed(messages if isinstance(messages, list) else []):
         if isinstance(message, dict) and message.get("role") == "user":
             content = message.get("content")
-            if isinstance(content, list):
-                return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return str(content or "")
+            if isinstance(content, list):  # text parts (a client's, so any types: only text is text)
+                return " ".join(
+                    p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+                )
+            return content if isinstance(content, str) else ""
     return ""
 
 

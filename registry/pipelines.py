@@ -130,6 +130,7 @@ def parse_graph(raw: Any) -> Graph:
 
 
 def _parse(raw: Any) -> Graph:
+    _check_text({k: v for k, v in raw.items() if k != "stages"} if isinstance(raw, dict) else raw, "graph")
     top = _object(raw, "graph", {"stages", "output", "budget_ms"}, required={"stages", "output", "budget_ms"})
     budget = _integer(top["budget_ms"], "budget_ms", 1, MAX_BUDGET_MS)
     listed = top["stages"]
@@ -147,6 +148,31 @@ def _parse(raw: Any) -> Graph:
     output = _output(top["output"], ordered)
     _check_used(ordered, output)
     return Graph(ordered, output, budget)
+
+
+def _check_text(raw: Any, where: str) -> None:
+    """Every string (and key) is text that can be stored, hashed and shown: no lone UTF-16 surrogate
+    (JSON can carry one, UTF-8 cannot). NUL characters are refused by each field's own check."""
+    stack = [raw]
+    while stack:
+        item = stack.pop()
+        texts = [*item.keys()] if isinstance(item, dict) else []
+        texts += [item] if isinstance(item, str) else []
+        for text in texts:
+            if isinstance(text, str) and not _encodable(text):
+                raise Refused(where, "text must be valid Unicode (a lone surrogate is not)")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _object(raw: Any, where: str, allowed: set[str], required: Iterable[str] = ()) -> dict[str, Any]:
@@ -178,6 +204,7 @@ def _stage(raw: Any, position: int, budget: int) -> Stage:
         raise Refused(f"stages[{position}]", "must be an object")
     name = _text(raw.get("name"), f"stages[{position}].name", NAME, "a name of lowercase letters, digits, -")
     where = f"stages.{name}"
+    _check_text(raw, where)
     kind = raw.get("kind")
     if not isinstance(kind, str) or kind not in KIND_FIELDS:
         raise Refused(where, f"kind must be one of {', '.join(KIND_FIELDS)}")
@@ -387,8 +414,10 @@ def _when(raw: Any, where: str) -> When | None:
 
 
 def _labels_in(raw: Any, where: str) -> frozenset[str]:
-    if not isinstance(raw, list) or not raw or not all(isinstance(x, str) for x in raw):
-        raise Refused(where + ".when.labels", "must list one or more labels")
+    if not isinstance(raw, list) or not 1 <= len(raw) <= 64 or not all(isinstance(x, str) for x in raw):
+        raise Refused(where + ".when.labels", "must list 1 to 64 labels")
+    if not all(NAME.match(label) for label in raw):
+        raise Refused(where + ".when.labels", "labels are names of lowercase letters, digits, -")
     return frozenset(raw)
 
 

@@ -271,6 +271,9 @@ def test_hostile_requests_and_answers_are_refused_by_name(gw, services):
     for messages in ("hi", [], ["hi"], [{"role": "user", "content": "x"}, 3]):
         bad = gw.chat(model="support", messages=messages)
         assert bad.status == 400 and "messages must be a list" in bad.json()["error"]["message"], messages
+    for content in ([{"type": "text", "text": 5}], [{"type": "text", "text": None}], [7], 3.5, None):
+        odd = gw.chat(model="support", messages=[{"role": "user", "content": content}])
+        assert odd.status == 200 and odd.headers["content-type"] == "application/json", content
     gw.gateway.routes.body["tenants"]["acme"]["blocked"] = "budget spent"
     assert ask(gw).status == 429
     gw.gateway.routes.body["tenants"]["acme"]["blocked"] = ""

@@ -265,6 +265,25 @@ def test_an_http_stage_declares_its_jurisdiction_and_output():
 
 
 HOSTILE = [
+    ({**rag(), "output\ud800": 1}, "graph", "valid Unicode"),
+    (
+        _set(rag(), "stages.prompt.template", "Answer {docs} {question} \ud800"),
+        "stages.prompt",
+        "valid Unicode",
+    ),
+    (_set(rag(), "stages.clean.patterns", [{"regex": "\ud800"}]), "stages.clean", "valid Unicode"),
+    (_set(rag(), "stages.answer.max_tokens\udc80", 1), "stages.answer", "valid Unicode"),
+    (_set(routed(), "stages.billing.when.labels", ["\udc80"]), "stages.billing", "valid Unicode"),
+    (
+        _set(routed(), "stages.billing.when.labels", ["x" * 1_200_000]),
+        "stages.billing.when.labels",
+        "names of",
+    ),
+    (
+        _set(routed(), "stages.billing.when.labels", [f"l{n}" for n in range(200_000)]),
+        "stages.billing.when.labels",
+        "1 to 64",
+    ),
     (_set(rag(), "stages.embed.kind", ["model"]), "stages.embed", "kind must be one of"),
     (_set(rag(), "stages.embed.task", {"embed": 1}), "stages.embed.task", "must be one of"),
     (_set(rag(), "stages.rerank.on_failure", ["skip"]), "stages.rerank.on_failure", "must be fail or skip"),

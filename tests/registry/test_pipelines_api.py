@@ -2,6 +2,7 @@
 the stage and writes nothing; one tenant's pipelines are invisible to another."""
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -326,3 +327,17 @@ def test_a_stage_sending_a_secret_is_the_tenants_own_over_https_by_whoever_manag
     assert catalog.json()["error"]["detail"] == {
         "stages.search.secret": ["a platform pipeline cannot send tenants' secrets"]
     }
+
+
+def test_a_lone_surrogate_anywhere_in_a_graph_is_a_400_naming_the_stage_not_a_500(world, api, pipeline):
+    alice = api(world.alice)
+    written = PipelineVersion.objects.count()
+    body = json.dumps({"version": "3.0.0", "graph": graph(prompt={"template": "{docs} {question} \ud800"})})
+    refused = alice.post(
+        A + "/versions/", body.encode("utf-8", "surrogatepass"), content_type="application/json"
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["detail"] == {
+        "stages.prompt": ["text must be valid Unicode (a lone surrogate is not)"]
+    }
+    assert PipelineVersion.objects.count() == written
