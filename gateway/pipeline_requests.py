@@ -55,9 +55,9 @@ class PipelineRequests:
         refused = pipeline_refusal(tenant, name, pipeline, payload, view.get("blocked"))
         if refused is not None:
             return await reply.error(*refused)
-        # Model stages are admitted each as the request it is; a pipeline with none counts as one request.
-        unmodelled = not any(s["kind"] == "model" for s in pipeline["stages"])
-        limits = view.get("limits", {}) if unmodelled else {}
+        # Model stages are admitted each as the request it is; a pipeline that may answer without one
+        # (no model stage, or a branch without one) counts as one request itself.
+        limits = {} if every_answer_runs_a_model(pipeline) else view.get("limits", {})
         refused_by, ticket = await self.limits.admit(tenant, limits, reply.request_id)
         if refused_by:
             self.metrics.refuse(tenant, "rate_limit")
@@ -95,6 +95,25 @@ class PipelineRequests:
             finish_pipeline(span, status)
             for stage, (outcome, seconds) in run.took.items():
                 self.metrics.stage(run.tenant, run.name, stage, outcome, seconds)
+
+
+def every_answer_runs_a_model(pipeline: contract.PipelineRoute) -> bool:
+    """Whether every way the pipeline can answer runs a model stage: each answering alternative, or
+    something it waits for (its inputs, its chooser, theirs), is a model stage."""
+    stages = {s["name"]: s for s in pipeline["stages"]}
+
+    def modelled(name: str) -> bool:
+        seen, todo = set(), [name]
+        while todo:
+            stage = stages[todo.pop()]
+            if stage["kind"] == "model":
+                return True
+            seen.add(stage["name"])
+            sources = set(stage["inputs"].values()) | ({stage["when"]["stage"]} if "when" in stage else set())
+            todo += [s for s in sources if s in stages and s not in seen]
+        return False
+
+    return bool(stages) and all(modelled(name) for name in pipeline["output"])
 
 
 def pipeline_refusal(

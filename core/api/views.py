@@ -19,8 +19,18 @@ from core.api import serializers as s
 from core.api.conventions import REDACT_ATTRIBUTE, etag, expected_revision, idempotent
 from core.api.filters import AuditEventFilter
 from core.choices import Scope
-from core.errors import NotFound
-from core.models import SECRET_NAME, ApiToken, AuditEvent, Invitation, Operation, ServiceAccount, Tenant, User
+from core.errors import NotFound, PreconditionFailed
+from core.models import (
+    SECRET_NAME,
+    ApiToken,
+    AuditEvent,
+    Invitation,
+    Operation,
+    ServiceAccount,
+    Tenant,
+    TenantSecret,
+    User,
+)
 from core.principal import Principal
 from core.services import operations, secrets, tenants, tokens, users
 
@@ -141,28 +151,48 @@ class SecretViewSet(PrincipalMixin, viewsets.ViewSet):
     @extend_schema(responses={200: s.SecretSerializer, **ERRORS})
     def retrieve(self, request: Request, tenant_slug: str, pk: str) -> Response:
         tenant = selectors.tenant_get(self.principal, tenant_slug, None)
-        return Response(s.SecretSerializer(selectors.secret_get(self.principal, tenant, pk)).data)
+        return _secret_answer(selectors.secret_get(self.principal, tenant, pk))
 
     @extend_schema(
         request=s.SecretWriteSerializer,
         responses={200: s.SecretSerializer, 201: s.SecretSerializer, **ERRORS},
     )
     def update(self, request: Request, tenant_slug: str, pk: str) -> Response:
-        """Store the secret, or replace its value (its revision moves on)."""
+        """Store the secret, or replace its value (its revision moves on). ``If-Match`` (its ETag) replaces
+        only the revision read; without it, whatever is there."""
         tenant = selectors.tenant_get(self.principal, tenant_slug, None)
         data = s.SecretWriteSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        value, expected = data.validated_data["value"], _secret_match(request, self.principal, tenant, pk)
         secret, created = secrets.secret_put(
-            actor=self.principal, owner=tenant, name=pk, value=data.validated_data["value"]
+            actor=self.principal, owner=tenant, name=pk, value=value, expected_revision=expected
         )
-        return Response(s.SecretSerializer(secret).data, status=201 if created else 200)
+        return _secret_answer(secret, 201 if created else 200)
 
     @extend_schema(responses={204: None, **ERRORS})
     def destroy(self, request: Request, tenant_slug: str, pk: str) -> Response:
         tenant = selectors.tenant_get(self.principal, tenant_slug, None)
         secret = selectors.secret_get(self.principal, tenant, pk)
-        secrets.secret_delete(actor=self.principal, secret=secret)
+        expected = expected_revision(request, secret.pk)
+        secrets.secret_delete(actor=self.principal, secret=secret, expected_revision=expected)
         return Response(status=204)
+
+
+def _secret_answer(secret: TenantSecret, status: int = 200) -> Response:
+    return Response(
+        s.SecretSerializer(secret).data, status=status, headers={"ETag": etag(secret.pk, secret.revision)}
+    )
+
+
+def _secret_match(request: Request, principal: Principal, tenant: Tenant, name: str) -> int | None:
+    """The revision ``If-Match`` asks to replace (None: whatever is there); a secret it cannot match
+    (none of that name yet) is a failed precondition."""
+    current = selectors.secrets_of(principal, tenant).filter(name=name).first()
+    if current is not None:
+        return expected_revision(request, current.pk)
+    if request.headers.get("If-Match", "").strip() not in ("", "*"):
+        raise PreconditionFailed(f"There is no secret '{tenant.slug}/{name}' to match.")
+    return None
 
 
 class TenantInvitationViewSet(PrincipalMixin, viewsets.ViewSet):

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.choices import Scope
-from core.errors import NotFound, ValidationFailed
+from core.errors import NotFound, PreconditionFailed, ValidationFailed
 from core.models import Tenant, TenantSecret
 from core.principal import Principal
 from core.sealing import Unreadable, seal, unseal
@@ -30,9 +30,16 @@ def _context(owner: Tenant, name: str) -> str:
 
 
 def secret_put(
-    *, actor: Principal, owner: Tenant, name: str, value: str, now: datetime | None = None
+    *,
+    actor: Principal,
+    owner: Tenant,
+    name: str,
+    value: str,
+    expected_revision: int | None = None,
+    now: datetime | None = None,
 ) -> tuple[TenantSecret, bool]:
-    """Store the secret, or replace its value (a new revision); whether it was created."""
+    """Store the secret, or replace its value (a new revision); whether it was created. With
+    ``expected_revision``, only that revision is replaced (412 if it moved on)."""
     actor.require(Scope.SECRETS_WRITE, owner.pk)
     if not isinstance(value, str) or not VALUE.fullmatch(value):
         raise ValidationFailed(
@@ -46,6 +53,7 @@ def secret_put(
         # revision, as a repeated PUT is), never a conflict.
         Tenant.objects.select_for_update().filter(pk=owner.pk).first()
         held = TenantSecret.objects.filter(owner=owner, name=name).first()
+        _check_revision(held, expected_revision, f"{owner.slug}/{name}")
         if held is None:
             return _created(actor, owner, name, sealed, now), True
         held.sealed, held.revision = sealed, held.revision + 1
@@ -71,9 +79,16 @@ def _created(actor: Principal, owner: Tenant, name: str, sealed: bytes, now: dat
     )
 
 
-def secret_delete(*, actor: Principal, secret: TenantSecret) -> None:
+def _check_revision(held: TenantSecret | None, expected: int | None, name: str) -> None:
+    if expected is not None and (held is None or held.revision != expected):
+        raise PreconditionFailed(f"Secret {name} changed since revision {expected}; read it again.")
+
+
+def secret_delete(*, actor: Principal, secret: TenantSecret, expected_revision: int | None = None) -> None:
     actor.require(Scope.SECRETS_WRITE, secret.owner_id)
     with transaction.atomic():
+        held = TenantSecret.objects.select_for_update().filter(pk=secret.pk).first()
+        _check_revision(held, expected_revision, str(secret))
         deleted, _ = TenantSecret.objects.filter(pk=secret.pk).delete()
         if not deleted:  # deleted meanwhile by another request: one deletion, audited once
             raise NotFound(f"No secret '{secret}'.")

@@ -100,3 +100,22 @@ def test_a_bad_value_is_refused_with_the_envelope_and_nothing_is_written(world, 
 def test_a_name_that_is_no_secret_name_is_not_found(world, api):
     for name in ("UPPER", "-dash", "a" * 64, "a.b"):
         assert api(world.alice).put(URL + name + "/", {"value": "x"}, format="json").status_code == 404
+
+
+def test_if_match_replaces_or_deletes_only_the_revision_read(world, api):
+    alice = api(world.alice)
+    stored = alice.put(URL + "k/", {"value": "v-1"}, format="json")
+    tag = stored["ETag"]
+    assert alice.get(URL + "k/")["ETag"] == tag
+    assert alice.put(URL + "k/", {"value": "v-2"}, format="json", HTTP_IF_MATCH=tag).status_code == 200
+    stale = alice.put(URL + "k/", {"value": "v-3"}, format="json", HTTP_IF_MATCH=tag)  # revision 1 is gone
+    assert stale.status_code == 412 and stale.json()["error"]["code"] == "precondition_failed"
+    assert alice.delete(URL + "k/", HTTP_IF_MATCH=tag).status_code == 412
+    assert (
+        alice.put(URL + "k/", {"value": "v-3"}, format="json", HTTP_IF_MATCH='"bogus-1"').status_code == 412
+    )
+    new = alice.put(URL + "new/", {"value": "x1"}, format="json", HTTP_IF_MATCH='"1-1"')
+    assert new.status_code == 412  # nothing of that name to match
+    assert secret_value("acme", "k") == "v-2" and secret_value("acme", "new") is None
+    current = alice.get(URL + "k/")["ETag"]
+    assert alice.delete(URL + "k/", HTTP_IF_MATCH=current).status_code == 204

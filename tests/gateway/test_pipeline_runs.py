@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.abc import AbstractResolver
 
+from gateway.pipeline_requests import every_answer_runs_a_model
 from gateway.stage_network import Addresses
 from regions.engines.simulator import Engine, Handler
 from tests.support.gateway_harness import GatewayWorld, Service, endpoint
@@ -535,3 +536,20 @@ def test_a_pipeline_with_no_model_stage_is_rate_limited_as_one_request(gw, servi
     gw.gateway.routes.body["tenants"]["acme"]["limits"] = {"concurrent_requests": 1}
     offer(gw, "support", pipeline(REDACT, http("facts", facts, "clean"), PROMPT, ANSWER))
     assert ask(gw).status == 200  # its one place is the answer's, not taken by the run itself
+
+
+def test_a_branch_that_answers_without_a_model_counts_the_run_as_a_request():
+    router = {"name": "topic", "kind": "http", "inputs": {"input": "request.query"}, "output": "label"}
+    by_model = {**ANSWER, "inputs": {"messages": "request.messages"}, "when": {"stage": "topic"}}
+    by_service = {
+        "name": "canned",
+        "kind": "http",
+        "inputs": {"input": "request.query"},
+        "when": {"stage": "topic"},
+    }
+    both = pipeline(router, by_model, by_service, output=["answer", "canned"])
+    assert not every_answer_runs_a_model(both)  # "canned" answers with no model: the run is counted
+    assert every_answer_runs_a_model(pipeline(router, by_model, output=["answer"]))
+    classifier = {**router, "kind": "model", "task": "classify"}  # every branch waits for a model
+    assert every_answer_runs_a_model(pipeline(classifier, by_model, by_service, output=["answer", "canned"]))
+    assert not every_answer_runs_a_model(pipeline(REDACT))
