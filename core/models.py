@@ -148,6 +148,10 @@ class ServiceAccount(models.Model):
     description = models.CharField(max_length=500, blank=True)
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # A gateway's account (platform robots only): the regions its gateways serve. What only gateways get
+    # (tenants' secrets, indexes) then goes to it only for tenants whose residency allows them all,
+    # whatever regions its gateways declare. Empty: a global gateway's, or not a gateway's.
+    regions = models.JSONField(default=list, blank=True)
 
     class Meta:
         constraints = [

@@ -152,7 +152,7 @@ class ServiceAccountSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = ServiceAccount
-        fields = ["id", "name", "tenant", "role", "description", "is_active", "created_at"]
+        fields = ["id", "name", "tenant", "role", "description", "regions", "is_active", "created_at"]
         read_only_fields = fields
 
 
@@ -161,6 +161,12 @@ class ServiceAccountCreateSerializer(StrictSerializer):
     tenant = serializers.SlugField(max_length=50, required=False, allow_null=True)
     role = serializers.CharField(max_length=16)
     description = serializers.CharField(max_length=500, required=False, allow_blank=True)
+    regions = serializers.ListField(
+        child=serializers.CharField(max_length=41),
+        required=False,
+        max_length=64,
+        help_text="a gateway's account: the regions its gateways serve",
+    )
 
 
 class TokenSerializer(serializers.ModelSerializer):

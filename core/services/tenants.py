@@ -1,5 +1,6 @@
 """Tenants, their members and their service accounts."""
 
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +34,8 @@ TENANT_FIELDS = (
     "concurrent_requests",
 )
 EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
+
+REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")  # a region code (whether one exists is not ours)
 
 
 def tenant_create(*, actor: Principal, slug: str, name: str, residency: list[str], **fields: Any) -> Tenant:
@@ -320,9 +323,22 @@ def membership_remove(*, actor: Principal, membership: Membership) -> None:
 
 
 def service_account_create(
-    *, actor: Principal, name: str, role: str, tenant: Tenant | None = None, description: str = ""
+    *,
+    actor: Principal,
+    name: str,
+    role: str,
+    tenant: Tenant | None = None,
+    description: str = "",
+    regions: list[str] | None = None,
 ) -> ServiceAccount:
-    """A robot of a tenant (with a tenant role) or of the platform (with a platform role)."""
+    """A robot of a tenant (with a tenant role) or of the platform (with a platform role; a gateway's
+    may be bound to the ``regions`` its gateways serve)."""
+    regions = regions or []
+    if regions and (tenant is not None or len(regions) > 64 or not all(REGION.fullmatch(r) for r in regions)):
+        raise ValidationFailed(
+            "regions (a gateway's account: platform robots only) lists up to 64 region codes.",
+            detail={"regions": ["Invalid."]},
+        )
     if tenant is not None:
         actor.require(Scope.MEMBERS_WRITE, tenant.pk)
         allowed = TenantRole.values
@@ -331,7 +347,9 @@ def service_account_create(
         allowed = [r for r in PlatformRole.values if r]
     if role not in allowed:
         raise ValidationFailed(f"Role '{role}' is not valid here; use {', '.join(allowed)}.")
-    robot = ServiceAccount(name=name, tenant=tenant, role=role, description=description)
+    robot = ServiceAccount(
+        name=name, tenant=tenant, role=role, description=description, regions=sorted(set(regions))
+    )
     full_clean(robot)
     try:
         with transaction.atomic():
@@ -341,7 +359,7 @@ def service_account_create(
                 action="service_account.created",
                 target=robot,
                 tenant=tenant,
-                after=snapshot(robot, ("name", "role", "description")),
+                after=snapshot(robot, ("name", "role", "description", "regions")),
             )
     except IntegrityError as exc:
         raise Conflict(

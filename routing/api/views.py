@@ -79,7 +79,8 @@ class GatewayConfigView(PrincipalMixin):
         """Everything a gateway needs: every tenant's routes with the engines' API keys and the secrets
         its pipelines' http stages send, and the token digests (``gateway:sync``)."""
         _require_gateway(self.principal)
-        regions, secrets = _gateway_regions(request), request.query_params.get("secrets") != "none"
+        regions = _gateway_regions(request, self.principal)
+        secrets = request.query_params.get("secrets") != "none"
         # The engines' keys and the tenants' secrets are in this answer only (not in the table stored or
         # shown): its ETag names their keys' generation too, so a new root key reaches every gateway.
         keys = selectors.secret_keys_tag()
@@ -102,7 +103,7 @@ class GatewayIndexView(PrincipalMixin):
         """A tenant's retrieval index as gateways search it: its documents with their vectors
         (``gateway:sync``; the route table names each index's revision)."""
         _require_gateway(self.principal)
-        index = selectors.index_for_gateways(tenant, name, _gateway_regions(request))
+        index = selectors.index_for_gateways(tenant, name, _gateway_regions(request, self.principal))
         return Response(index)
 
 
@@ -177,13 +178,15 @@ def _require_gateway(principal: Principal) -> None:
         )
 
 
-def _gateway_regions(request: Request) -> frozenset[str]:
-    """``?regions=a,b``: the regions the calling gateway serves (its GATEWAY_REGIONS; none: every region).
-    The tenants' data it gets (secrets, indexes) is only that of tenants whose residency allows them all;
-    a code no region has (one renamed or removed) is inside no tenant's residency, so it gets none."""
+def _gateway_regions(request: Request, principal: Principal) -> frozenset[str]:
+    """The regions the calling gateway serves: those its service account is bound to, and those it
+    declares (``?regions=a,b``, its GATEWAY_REGIONS); none at all: a global gateway. The tenants' data it
+    gets (secrets, indexes) is only that of tenants whose residency allows them all; a code no region has
+    (one renamed or removed) is inside no tenant's residency, so it gets none."""
+    bound = frozenset(principal.service_account.regions if principal.service_account else [])
     given = request.query_params.getlist("regions")
     if not given:
-        return frozenset()
+        return bound
     listed = given[0].split(",")
     codes = frozenset(listed)
     # Given at all, it is one list of valid codes: ",,," or a second regions= is no "every region".
@@ -192,7 +195,7 @@ def _gateway_regions(request: Request) -> frozenset[str]:
             "regions must list the regions this gateway serves (at most 64), comma-separated.",
             detail={"regions": ["Invalid."]},
         )
-    return codes
+    return codes | bound
 
 
 def _region_param(request: Request, *, required: bool) -> str:

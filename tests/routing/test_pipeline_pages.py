@@ -287,6 +287,12 @@ def test_a_gateway_outside_a_tenants_residency_gets_neither_its_secrets_nor_its_
     assert refused.status_code == 403
     assert "acme's data may not be processed in us-east-1" in refused.json()["error"]["message"]
     assert "secret_value" not in config("nowhere")  # a region no longer known holds nobody's data
+    # A gateway whose account is bound to us-east-1 gets none of acme's, whatever it declares (or not).
+    bound = api(secret=gateway_secret(world, regions=["us-east-1"]))
+    for asked in ("/api/v1/routing/gateway-config/", "/api/v1/routing/gateway-config/?regions=eu-west-1"):
+        stage = bound.get(asked).json()["table"]["tenants"]["acme"]["pipelines"]["lookup"]["stages"][0]
+        assert "secret_value" not in stage
+    assert bound.get(index).status_code == 403 and bound.get(index + "?regions=eu-west-1").status_code == 403
     assert gateway.get(index + "?regions=nowhere").status_code == 403
     for bad, words in (
         ("Not A Region!", "regions must list"),

@@ -116,9 +116,14 @@ def chat_in_two_eu_regions(world, make_region, tiny_model_dir, jurisdictions):  
     return deployment, regions
 
 
-def gateway_secret(world) -> str:  # type: ignore[no-untyped-def]
-    """A platform robot's token with gateway:sync, as a gateway holds."""
-    robot = service_account_create(actor=principal(world.admin), name="gateway", role=PlatformRole.ADMIN)
+def gateway_secret(world, regions: list[str] | None = None) -> str:  # type: ignore[no-untyped-def]
+    """A platform robot's token with gateway:sync, as a gateway holds (its account bound to ``regions``)."""
+    robot = service_account_create(
+        actor=principal(world.admin),
+        name=f"gateway-{'-'.join(regions)}" if regions else "gateway",
+        role=PlatformRole.ADMIN,
+        regions=regions,
+    )
     return token_create(
         actor=principal(world.admin), name="gw", scopes=[Scope.GATEWAY_SYNC], service_account=robot
     )[1]
