@@ -77,7 +77,9 @@ def _ingest_file(home: ObjectStore, uri: str, sha256: str, part_size: int) -> No
         raise
     if digest.hexdigest() != sha256:
         home.abort(key, upload)
-        raise ValueError(f"{uri} has SHA-256 {digest.hexdigest()}, but {sha256} was declared")
+        # Never the digest found: the reason is shown to the tenant, and would tell it the SHA-256 of any
+        # file or URL it names (a way to learn what it may not read, and to register it as its own).
+        raise ValueError(f"{uri} does not have the declared SHA-256 {sha256}")
     home.complete(key, upload, etags, sha256)
 
 

@@ -483,6 +483,8 @@ def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, ho
     assert version.status == "rejected" and home.size_of(blob_key("e" * 64)) is None
     event = AuditEvent.objects.get(action="model_version.rejected")
     assert "checksum mismatch at ingest" in event.message
+    actual = hashlib.sha256(b"not what was declared").hexdigest()
+    assert actual not in event.message and actual[:12] not in event.message  # no oracle of any file's digest
 
 
 @pytest.mark.django_db(transaction=True)
