@@ -88,6 +88,12 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.stage_tokens = Counter(
+            "gateway_pipeline_stage_tokens",
+            "Tokens a pipeline's model stage spent, by the pipeline's version and the stage",
+            ["tenant", "pipeline_version", "stage", "kind"],
+            registry=self.registry,
+        )
 
     def stage(self, tenant: str, pipeline: str, stage: str, outcome: str, seconds: float) -> None:
         self.stages.labels(tenant, pipeline, stage, outcome).observe(seconds)
@@ -111,6 +117,10 @@ class GatewayMetrics:
             ttft.observe(record["ttft_ms"] / 1e3)
         prompt.inc(record["prompt_tokens"])
         completion.inc(record["completion_tokens"])
+        if record.get("stage"):  # labels from the route table (a pipeline's stage), never from a client
+            staged = (record["tenant"], record["pipeline"], record["stage"])
+            self.stage_tokens.labels(*staged, "prompt").inc(record["prompt_tokens"])
+            self.stage_tokens.labels(*staged, "completion").inc(record["completion_tokens"])
 
     def degrade(self, tenant: str, model: str, reason: str) -> None:
         self.degraded.labels(tenant, model, reason).inc()

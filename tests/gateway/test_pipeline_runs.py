@@ -114,6 +114,9 @@ def test_a_rag_pipeline_redacts_fetches_fills_the_prompt_and_streams_the_answer(
     for stage in ("clean", "facts", "prompt", "answer"):
         labels = f'outcome="ok",pipeline="support",stage="{stage}",tenant="acme"'
         assert f"gateway_pipeline_stage_duration_seconds_count{{{labels}}} 1.0" in metrics
+    staged = 'pipeline_version="acme/support@1.0.0",stage="answer",tenant="acme"'
+    assert f'gateway_pipeline_stage_tokens_total{{kind="prompt",{staged}}} 5.0' in metrics
+    assert f'gateway_pipeline_stage_tokens_total{{kind="completion",{staged}}} 2.0' in metrics
 
 
 def test_stages_that_wait_for_nothing_run_side_by_side(gw, services):
