@@ -15,8 +15,9 @@ from regions.services.deployments import deployment_create
 from registry.services.models import model_register
 from registry.services.pipelines import pipeline_create, pipeline_version_create, pipeline_version_transition
 from routing import health, services
-from tests.support.gateway import kill_engines
+from tests.support.gateway import Gateway, kill_engines
 from tests.support.gateway_harness import Service
+from tests.support.otlp import Receiver, attributes
 from tests.support.principals import principal
 from tests.support.processes import wait_for
 from tests.support.regions import converge, ready_targets, tiny_version
@@ -187,8 +188,50 @@ def _minilm(world, make_region) -> Deployment:  # type: ignore[no-untyped-def]
     return deployment
 
 
+def _traces_show_every_stage(fleet, tmp_path, token: str) -> None:  # type: ignore[no-untyped-def]
+    """A second gateway process exporting traces (OTLP/HTTP) to a receiver: one request to the pipeline
+    is one trace, a span for the run, one per stage, and one per model request under its stage."""
+    receiver = Receiver()
+    traced = Gateway(
+        fleet["live"].url,
+        fleet["gateway_token"],
+        tmp_path / "traced-routes.json",
+        tmp_path / "traced-gateway.log",
+        OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=receiver.url,
+        OTEL_BSP_SCHEDULE_DELAY="50",
+    )
+    try:
+        body = {
+            "model": "support",
+            "messages": [{"role": "user", "content": "Can I pay by card?"}],
+            "max_tokens": 4,
+        }
+        headers = {"Authorization": f"Bearer {token}"}
+        answered = requests.post(f"{traced.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert answered.status_code == 200, answered.text
+        wanted = {"chat support", "embeddings embedder", "retrieval handbook", "template prompt"}
+        wait_for(lambda: wanted <= {span.name for _, span in receiver.spans}, timeout=20)
+    finally:
+        traced.stop()
+        receiver.server.shutdown()
+    spans = [span for _, span in receiver.spans]
+    assert len({span.trace_id for span in spans}) == 1  # one trace
+    (run,) = [span for span in spans if span.name == "chat support"]
+    stages = {
+        attributes(s)["gateway.pipeline.stage"]: s
+        for s in spans
+        if "gateway.pipeline.stage_kind" in attributes(s)
+    }
+    assert set(stages) == {"vec", "search", "prompt", "answer"}
+    assert all(s.parent_span_id == run.span_id for s in stages.values())
+    requests_ = [s for s in spans if "gateway.region" in attributes(s)]  # the model requests
+    assert {attributes(r)["gateway.pipeline.stage"] for r in requests_} == {"vec", "answer"}
+    for request in requests_:
+        assert request.parent_span_id == stages[attributes(request)["gateway.pipeline.stage"]].span_id
+
+
 def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
-    world, fleet, make_region, api
+    world, fleet, make_region, api, tmp_path
 ):
     gateway, token = fleet["gateway"], fleet["tokens"]["alice"]
     _minilm(world, make_region)
@@ -326,5 +369,6 @@ def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
             ("acme/support@1", "answer"): 1,
         }
         assert all(r.prompt_tokens > 0 for r in staged)
+        _traces_show_every_stage(fleet, tmp_path, token)
     finally:
         echo.close()

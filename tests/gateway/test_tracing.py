@@ -2,42 +2,10 @@
 decision, exported over OTLP/HTTP (protobuf) to a real receiver run by the test, its traceparent passed on to
 the engine, its trace id on the usage record; a client's traceparent becomes the parent; off by default."""
 
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from tests.support.gateway_harness import GatewayWorld, endpoint
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver: decodes each POST /v1/traces into its spans."""
-
-    def __init__(self) -> None:
-        self.spans: list = []  # type: ignore[type-arg]
-        received = self.spans
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest.FromString(body)
-                for resource in request.resource_spans:
-                    service = {a.key: a.value.string_value for a in resource.resource.attributes}[
-                        "service.name"
-                    ]
-                    for scope in resource.scope_spans:
-                        received.extend((service, span) for span in scope.spans)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1/traces"
+from tests.support.otlp import Receiver, attributes
 
 
 @pytest.fixture
@@ -49,13 +17,6 @@ def traced(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     yield world, receiver
     world.close()
     receiver.server.shutdown()
-
-
-def attributes(span) -> dict:  # type: ignore[no-untyped-def, type-arg]
-    def value(v):  # type: ignore[no-untyped-def]
-        return getattr(v, v.WhichOneof("value"))
-
-    return {a.key: value(a.value) for a in span.attributes}
 
 
 def test_a_forwarded_request_is_a_span_exported_over_otlp_and_continued_by_the_engine(traced):
