@@ -14,7 +14,7 @@ from billing.models import UsageRecord
 from gateway.fleet_limits import keys
 from routing import health, services
 from routing.models import RouteTable, RoutingEvent
-from tests.support.gateway import Gateway, chat, gateway_secret, kill_engines, stream_chat
+from tests.support.gateway import Gateway, chat, kill_engines, stream_chat
 from tests.support.principals import principal
 from tests.support.processes import free_port, wait_for
 
@@ -226,7 +226,7 @@ def test_route_table_api_is_tenant_scoped_conditional_and_exported(world, fleet,
     assert api(world.admin).get("/api/v1/routing/gateway-config/").status_code == 403
     assert (
         "credentials"
-        in api(secret=gateway_secret(world)).get("/api/v1/routing/gateway-config/").json()["table"]
+        in api(secret=fleet["gateway_token"]).get("/api/v1/routing/gateway-config/").json()["table"]
     )
     nginx = api(world.alice).get("/api/v1/routing/export/nginx/")
     assert nginx.status_code == 200 and f"upstream {world.tenant_a.slug}__chat" in nginx.content.decode()

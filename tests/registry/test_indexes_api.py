@@ -5,6 +5,7 @@ import pytest
 
 from core.models import AuditEvent
 from registry.models import IndexDocument, RetrievalIndex
+from tests.support.gateway import gateway_secret
 from tests.support.principals import mint
 
 A = "/api/v1/indexes/acme/handbook/"
@@ -96,7 +97,13 @@ def test_another_tenant_and_a_viewer_cannot_touch_it_and_gateways_read_it(world,
     ).status_code in (403, 404)
     assert api(world.vera).put(A + "documents/", {"documents": DOCS}, format="json").status_code == 403
     assert api(world.alice).get("/api/v1/routing/indexes/acme/handbook/").status_code == 403  # gateways only
-    gateway = api(secret=mint(world.admin, ["gateway:sync"]))
+    assert (
+        api(secret=mint(world.admin, ["gateway:sync"]))
+        .get(A.replace("/api/v1/indexes/", "/api/v1/routing/indexes/"))
+        .status_code
+        == 403
+    )  # a person, even an admin
+    gateway = api(secret=gateway_secret(world))
     fetched = gateway.get("/api/v1/routing/indexes/acme/handbook/").json()
     assert fetched["revision"] == 1 and fetched["documents"][0] == {**DOCS[0], "vector": [1, 0, 0]}
     assert IndexDocument.objects.count() == 2
