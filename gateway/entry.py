@@ -86,17 +86,24 @@ class Entry(App):
         except Refused as bad:
             return await reply.error(bad.status, bad.message, bad.code)
         route = view["models"].get(name)
-        if route is None:
+        pipeline = view.get("pipelines", {}).get(name) if route is None else None
+        if route is not None:
+            regions, unavailable = serving_regions(route), route.get("unavailable", "")
+        elif pipeline is not None:
+            # To a gateway in a region where the tenant's data may be processed (the pipeline's own
+            # stages run there); that gateway routes its model stages as it routes any request.
+            regions, unavailable = pipeline.get("regions", []), pipeline.get("unavailable", "")
+        else:
             return await reply.error(
                 404, f"The model '{name}' does not exist for this tenant.", "model_not_found"
             )
         places = [
             (code, self.settings.entry_regions[code])
-            for code in serving_regions(route)
+            for code in regions
             if code in self.settings.entry_regions
         ]
         if not places:
-            why = route.get("unavailable") or "no region this tenant's residency allows has a gateway here"
+            why = unavailable or "no region this tenant's residency allows has a gateway here"
             return await reply.error(
                 503, f"The model '{name}' cannot be served now: {why}.", "model_unavailable"
             )

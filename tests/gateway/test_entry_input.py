@@ -97,3 +97,14 @@ def test_unknown_paths_and_methods(entry):
     assert refused(entry.call("GET", CHAT), 405, "method_not_allowed")
     models = entry.call("GET", "/v1/models", tenant="globex").json()["data"]
     assert [m["id"] for m in models] == ["shared"]
+
+
+def test_a_pipeline_goes_to_a_gateway_where_the_tenants_data_may_be_processed(entry):
+    view = entry.gateway.routes.body["tenants"]["acme"]
+    stage = {"name": "answer", "kind": "model", "inputs": {"messages": "request.messages"}, "output": "text"}
+    support = {"version": "acme/support@1", "budget_ms": 1000, "output": ["answer"], "stages": [stage]}
+    view["pipelines"] = {"support": {**support, "regions": ["eu-west-1"]}}
+    answer = entry.chat(model="support")
+    assert answer.status == 200 and entry.engine.seen[-1]["body"]["model"] == "support"  # forwarded as sent
+    view["pipelines"] = {"support": {**support, "regions": ["eu-central-1"]}}  # no gateway of ours there
+    assert refused(entry.chat(model="support"), 503, "model_unavailable")
