@@ -167,6 +167,7 @@ class ServiceAccount(models.Model):
 
 
 SECRET_NAME = r"[a-z][a-z0-9-]{0,62}"  # how a secret is named, and referred to by pipelines
+REGION_CODE = r"[a-z][a-z0-9-]{1,40}"  # how a region is named (regions.models.Region.code)
 
 
 class TenantSecret(models.Model):

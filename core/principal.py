@@ -14,6 +14,7 @@ from core.choices import (
     ActorType,
     AuditSource,
     PlatformRole,
+    Scope,
 )
 from core.errors import Forbidden
 from core.models import ApiToken, ServiceAccount, User
@@ -110,6 +111,16 @@ class Principal:
             raise Forbidden(f"This action needs the '{scope}' permission {where}.", detail={"scope": scope})
         if self.passed_checks is not None:
             self.passed_checks.append({"scope": scope, "tenant": tenant_id})
+
+    def require_gateway(self) -> None:
+        """What only gateways get (engines' keys, tenants' secrets and indexes) goes to a gateway's own
+        service account (``gateway:sync``), never to a person, whatever role they hold."""
+        self.require(Scope.GATEWAY_SYNC)
+        if self.service_account is None:
+            raise Forbidden(
+                "Only a gateway's service account reads engines' keys and tenants' secrets, not a person.",
+                detail={"scope": Scope.GATEWAY_SYNC},
+            )
 
     def require_any(self, scope: str) -> None:
         """The principal holds ``scope`` somewhere (platform-wide or in at least one tenant)."""

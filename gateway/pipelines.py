@@ -200,7 +200,7 @@ class PipelineRun:
         """A tenant's own service: POST {"inputs": {...}}, answered {"output": ...}. Never to an address of
         the gateway's own networks (unless the operator allows it), never following a redirect, never
         reading more than MAX_STAGE_ANSWER bytes."""
-        refused = await self.network.check(stage["url"])
+        refused = self.network.check(stage["url"])
         if refused:
             raise StageFailed(stage["name"], 502, refused)
         sent = {"inputs": inputs}

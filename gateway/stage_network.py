@@ -2,13 +2,12 @@
 (loopback, private, link-local, reserved and multicast addresses, the cloud metadata address among them),
 unless the operator allows some (``GATEWAY_STAGE_NETWORKS``, for tenants' services on a private network).
 
-One rule (``Addresses.refused``), applied twice: before the call, on the addresses the stage's host
-resolves to (a clear error naming the stage), and again by the resolver of the session the stages are
-called with, on the addresses the connection is actually made to. A host whose DNS answer changes between
-the two (DNS rebinding) is therefore refused at the connection, never reached.
+One rule (``Addresses.refused``), applied where the address is known: to an IP literal in the URL before
+the call, and to a name by the resolver of the session the stages are called with, on the very addresses
+the connection is made to (resolved once). A host whose DNS answer changes between a check and the
+connection (DNS rebinding) therefore cannot be reached: there is no earlier check to pass.
 """
 
-import asyncio
 import errno
 import ipaddress
 import socket
@@ -41,16 +40,16 @@ class Addresses:
                 return True
         return not ip.is_global or ip.is_multicast
 
-    async def check(self, url: str) -> str | None:
-        """Why the stage may not call ``url`` (its host does not resolve, or to a refused address); None
-        when it may."""
-        parsed = urlsplit(url)
-        host, port = parsed.hostname or "", parsed.port or (443 if parsed.scheme == "https" else 80)
+    def check(self, url: str) -> str | None:
+        """Why the stage may not call ``url`` before any connection, or None. Only an IP literal is
+        judged here (aiohttp resolves none); a name is judged by the resolver, on the addresses the
+        connection is made to, so it is resolved once."""
+        host = urlsplit(url).hostname or ""
         try:
-            found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            return f"its service's host does not resolve ({exc.strerror})"
-        return REFUSED if any(self.refused(str(address[0])) for *_, address in found) else None
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return None  # a name
+        return REFUSED if self.refused(host) else None
 
 
 class GuardedResolver(AbstractResolver):
@@ -81,8 +80,8 @@ class StageNetwork:
         self.resolver = resolver  # the names' resolver under the rule (None: the system's)
         self._session: aiohttp.ClientSession | None = None
 
-    async def check(self, url: str) -> str | None:
-        return await self.addresses.check(url)
+    def check(self, url: str) -> str | None:
+        return self.addresses.check(url)
 
     @staticmethod
     def refusal(exc: BaseException) -> str | None:

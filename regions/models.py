@@ -5,6 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from core.choices import Jurisdiction
+from core.models import REGION_CODE as CODE
 from core.models import Tenant
 from regions.choices import (
     DeploymentState,
@@ -18,9 +19,7 @@ from regions.choices import (
 )
 from registry.models import ModelVersion, RegisteredModel
 
-REGION_CODE = RegexValidator(
-    r"^[a-z][a-z0-9-]{1,40}$", "Lowercase letters, digits and dashes, e.g. eu-west-1."
-)
+REGION_CODE = RegexValidator(f"^{CODE}$", "Lowercase letters, digits and dashes, e.g. eu-west-1.")
 
 
 class Region(models.Model):

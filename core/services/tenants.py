@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from core.choices import AuditSource, InvitationStatus, PlatformRole, Scope, TenantRole
 from core.errors import Conflict, Forbidden, NotFound, ValidationFailed
-from core.models import Invitation, Membership, ServiceAccount, Tenant, User
+from core.models import REGION_CODE, Invitation, Membership, ServiceAccount, Tenant, User
 from core.principal import Principal
 from core.services.audit import audit_record, snapshot
 from core.services.revisions import reject_unknown, revised_update
@@ -35,7 +35,7 @@ TENANT_FIELDS = (
 )
 EDITABLE_TENANT_FIELDS = frozenset(TENANT_FIELDS) - {"slug"}
 
-REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")  # a region code (whether one exists is not ours)
+REGION = re.compile(REGION_CODE)  # whether a region of that code exists is not core's to know
 
 
 def tenant_create(*, actor: Principal, slug: str, name: str, residency: list[str], **fields: Any) -> Tenant:

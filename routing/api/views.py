@@ -18,7 +18,8 @@ from core import selectors as core_selectors
 from core.api.conventions import idempotent
 from core.api.views import ERRORS, PrincipalMixin
 from core.choices import Scope
-from core.errors import Forbidden, ValidationFailed
+from core.errors import ValidationFailed
+from core.models import REGION_CODE
 from core.principal import Principal
 from gateway import contract
 from regions.models import Region
@@ -49,7 +50,7 @@ def _wait(request: Request) -> float:
     return wait
 
 
-GATEWAY_REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,40}")
+GATEWAY_REGION = re.compile(REGION_CODE)
 
 
 def _if_none_match(request: Request) -> str:
@@ -78,7 +79,7 @@ class GatewayConfigView(PrincipalMixin):
     def get(self, request: Request) -> Response:
         """Everything a gateway needs: every tenant's routes with the engines' API keys and the secrets
         its pipelines' http stages send, and the token digests (``gateway:sync``)."""
-        _require_gateway(self.principal)
+        self.principal.require_gateway()
         regions = _gateway_regions(request, self.principal)
         secrets = request.query_params.get("secrets") != "none"
         # The engines' keys and the tenants' secrets are in this answer only (not in the table stored or
@@ -102,7 +103,7 @@ class GatewayIndexView(PrincipalMixin):
     def get(self, request: Request, tenant: str, name: str) -> Response:
         """A tenant's retrieval index as gateways search it: its documents with their vectors
         (``gateway:sync``; the route table names each index's revision)."""
-        _require_gateway(self.principal)
+        self.principal.require_gateway()
         index = selectors.index_for_gateways(tenant, name, _gateway_regions(request, self.principal))
         return Response(index)
 
@@ -165,17 +166,6 @@ class GatewayApiExportView(PrincipalMixin):
         documents = exports.gateway_api(mine, table.generation, gateway, namespace, region, pools == "1")
         text = yaml.safe_dump_all(documents, sort_keys=False)
         return HttpResponse(text, content_type="application/yaml; charset=utf-8")  # type: ignore[return-value]
-
-
-def _require_gateway(principal: Principal) -> None:
-    """What only gateways get (engines' keys, tenants' secrets and indexes) goes to a gateway's own
-    service account (``gateway:sync``), never to a person, whatever role they hold."""
-    principal.require(Scope.GATEWAY_SYNC)
-    if principal.service_account is None:
-        raise Forbidden(
-            "Only a gateway's service account reads this (engines' keys, tenants' secrets), never a person.",
-            detail={"scope": Scope.GATEWAY_SYNC},
-        )
 
 
 def _gateway_regions(request: Request, principal: Principal) -> frozenset[str]:
