@@ -94,8 +94,8 @@ def main() -> None:
         driver_config={"state_dir": f"{VAR}/engines", "engine": "simulator"},
         gpu_pools=[{"gpu_type": "L4", "memory_gib": 24, "gpu_count": 8}],
     )
-    model_dir = Path(VAR) / "model"
-    model_dir.mkdir()
+    model_dir = Path(VAR) / "models" / "tiny"  # under var/models: the one artifact source allowed by default
+    model_dir.mkdir(parents=True)
     baseline = tiny_version(alice, model_dir, owner=tenant)
     deployment = deployment_create(
         actor=alice, owner=tenant, name="chat", model=baseline.model, version="1.0.0", regions=["eu-west-1"]

@@ -43,6 +43,9 @@ ENGINE_KEY_SECRET = env_str("ENGINE_KEY_SECRET") or SECRET_KEY
 # The key tenants' secrets are sealed with at rest (core/sealing.py). Changing it makes every stored
 # secret unreadable: the tenants must store them again.
 TENANT_SECRETS_KEY = env_str("TENANT_SECRETS_KEY") or SECRET_KEY
+# Former TENANT_SECRETS_KEYs, comma-separated: values sealed under them still open until resealed
+# (manage.py reseal_secrets), so the key can be rotated without a tenant storing its secrets again.
+TENANT_SECRETS_KEY_FALLBACKS = env_list("TENANT_SECRETS_KEY_FALLBACKS", [])
 
 INSTALLED_APPS = [
     "django.contrib.auth",
@@ -323,6 +326,10 @@ ARTIFACT_COPY_TUNING = {
     "concurrency": env_int("ARTIFACT_COPY_CONCURRENCY", 8),
 }
 
+# Where registered versions' weights may be read from (registry/sources.py): URI prefixes,
+# comma-separated. By default only the local model folder the demo writes; production names its upload
+# buckets and model hubs (e.g. "s3://models-upload/,https://huggingface.co/").
+ARTIFACT_SOURCES = env_list("ARTIFACT_SOURCES", [f"file://{VAR_DIR / 'models'}"])
 # Stream a version's weights into the home store when it is registered.
 ARTIFACT_INGEST_ON_REGISTER = env_bool("ARTIFACT_INGEST_ON_REGISTER", True)
 # Start copying a version's weights into every allowed region with a store when it is staged.

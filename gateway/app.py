@@ -33,6 +33,7 @@ from gateway.inbound import (
     read_body,
     session_key,
 )
+from gateway.limits import over_budget, rate_limited
 from gateway.metering import Outcome, spent_tokens, usage_record
 from gateway.metrics import GatewayMetrics, exposition, may_scrape
 from gateway.mirror import MirrorCopy, Mirrors
@@ -212,9 +213,7 @@ class Gateway(App):
         refused, ticket = await self.limits.admit(tenant, view.get("limits", {}), reply.request_id)
         if refused:
             self.metrics.refuse(tenant, "rate_limit")
-            return await reply.error(
-                429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
-            )
+            return await reply.error(*rate_limited(tenant, refused))
         seen = Outcome()
         try:
             if hit is not None:  # no engine runs: nothing is held, shed or counted as tokens
@@ -252,7 +251,7 @@ class Gateway(App):
             return None
         blocked = self.routes.view(tenant).get("blocked")
         if blocked:
-            await reply.error(429, f"{tenant}: {blocked}.", "insufficient_quota")
+            await reply.error(*over_budget(tenant, blocked))
             return None
         return held
 

@@ -10,6 +10,7 @@ from gateway.admission import Admission
 from gateway.balancer import answering, candidates, on_track, pick, split_track, track_of
 from gateway.breakers import Breakers
 from gateway.config import Settings
+from gateway.limits import over_budget
 from gateway.metrics import GatewayMetrics
 from gateway.prefix import PrefixIndex
 from gateway.reply import Reply
@@ -77,7 +78,7 @@ class Decisions:
             )
         if view.get("blocked"):
             self.metrics.refuse(tenant, "budget")
-            return 429, f"{tenant}: {view['blocked']}.", "insufficient_quota", None
+            return (*over_budget(tenant, view["blocked"]), None)
         shed = self.admission.shed(tenant, priority, self.first_tier(route, preview))
         if shed:
             self.metrics.refuse(tenant, "shed")

@@ -14,6 +14,7 @@ import aiohttp
 from gateway import contract
 from gateway.config import RouteCache
 from gateway.fleet_limits import FleetLimits
+from gateway.limits import over_budget, rate_limited
 from gateway.metrics import GatewayMetrics
 from gateway.pipelines import PipelineRun, Send, StageFailed
 from gateway.reply import Reply
@@ -61,8 +62,7 @@ class PipelineRequests:
         refused_by, ticket = await self.limits.admit(tenant, limits, reply.request_id)
         if refused_by:
             self.metrics.refuse(tenant, "rate_limit")
-            message = f"Rate limit reached for {tenant}: {refused_by}."
-            return await reply.error(429, message, "rate_limit_exceeded")
+            return await reply.error(*rate_limited(tenant, refused_by))
         call = partial(stage_request, self.handle, scope)
         run = PipelineRun(name, pipeline, payload, call, session, tenant, self.indexes, self.network)
         try:
@@ -124,7 +124,7 @@ def pipeline_refusal(
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
         return 400, "messages must be a list of message objects.", "invalid_request"
     if blocked:
-        return 429, f"{tenant}: {blocked}.", "insufficient_quota"
+        return over_budget(tenant, blocked)
     if "unavailable" in route:
         return 503, f"{name} cannot run now: {route['unavailable']}.", "pipeline_unavailable"
     return None

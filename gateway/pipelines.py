@@ -48,6 +48,9 @@ def untraced(stage: contract.PipelineStage) -> Iterator[StageTrace]:
     yield StageTrace({})
 
 
+LIMIT_CODES = ("rate_limit_exceeded", "insufficient_quota")  # the gateway's own 429s (gateway/limits.py)
+
+
 class StageFailed(Exception):
     def __init__(self, stage: str, status: int, message: str, code: str = "pipeline_stage_failed"):
         super().__init__(message)
@@ -193,7 +196,7 @@ class PipelineRun:
             tag, TASK_PATHS[stage["task"]], _model_body(stage, inputs), None, trace
         )
         if status != 200:
-            raise StageFailed(stage["name"], 502, f"its model answered {status}: {_error_text(body)}")
+            raise StageFailed(stage["name"], *_model_refusal(status, body))
         return _model_output(stage, inputs, json.loads(body))
 
     async def _http(self, stage: contract.PipelineStage, inputs: dict[str, Any]) -> Any:
@@ -358,6 +361,22 @@ def _error_text(body: bytes) -> str:
         return str(json.loads(body)["error"]["message"])[:300]
     except (ValueError, KeyError, TypeError):
         return body[:300].decode("utf-8", "replace")
+
+
+def _model_refusal(status: int, body: bytes) -> tuple[int, str, str]:
+    """A model stage's failed request as the pipeline's answer (status, message, code). The tenant's own
+    limits stay a 429 with their code, so a client backs off instead of retrying a "bad gateway"; an
+    input the model refuses (too long for its context, say) is the client's 400; the rest is a 502."""
+    text = _error_text(body)
+    if status == 429:
+        try:
+            code = json.loads(body)["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = None
+        return 429, f"its model answered 429: {text}", code if code in LIMIT_CODES else "rate_limit_exceeded"
+    if status in (400, 413, 422):
+        return 400, f"its model refused its input: {text}", "invalid_request"
+    return 502, f"its model answered {status}: {text}", "pipeline_stage_failed"
 
 
 def _rendered(value: Any) -> str:

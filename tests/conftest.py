@@ -30,6 +30,10 @@ def pytest_configure(config: pytest.Config) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # Most tests register versions whose URIs point nowhere; ingest is tested on its own.
     settings.ARTIFACT_INGEST_ON_REGISTER = False
+    # Tests' models live in temporary folders and their sources in local S3 and HTTP servers: every source
+    # is allowed here (and in the processes tests start); tests/registry/test_sources.py narrows the list.
+    os.environ["ARTIFACT_SOURCES"] = "file:///,s3://,http://,https://"
+    settings.ARTIFACT_SOURCES = os.environ["ARTIFACT_SOURCES"].split(",")
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects, so that ``-m unit`` sees the mark

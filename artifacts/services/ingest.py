@@ -19,11 +19,13 @@ from django.conf import settings
 from artifacts.drivers.stores import ObjectStore, blob_key, s3_client
 from artifacts.services.replication import home_store
 from core.choices import AuditSource
+from core.errors import ValidationFailed
 from core.principal import Principal
 from regions.drivers.base import DriverError
 from registry.models import ModelVersion
 from registry.selectors import version_files
 from registry.services.lifecycle import version_reject
+from registry.sources import check_readable
 
 SYSTEM = Principal.system("ingest", source=AuditSource.TASK)
 
@@ -34,6 +36,7 @@ def _files(version: ModelVersion) -> list[tuple[str, str, int]]:
 
 
 def _read(uri: str, part_size: int) -> Iterator[bytes]:
+    check_readable(uri)
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         with Path(parsed.path).open("rb") as handle:
@@ -92,5 +95,8 @@ def ingest(version_id: int) -> str:
             _ingest_file(home, uri, sha256, part_size)
         except ValueError as exc:
             version_reject(actor=SYSTEM, version=version, reason=f"checksum mismatch at ingest: {exc}")
+            return "rejected"
+        except ValidationFailed as exc:  # the allow-list narrowed since registration, or a symlink leads out
+            version_reject(actor=SYSTEM, version=version, reason=f"refused at ingest: {exc.message}")
             return "rejected"
     return "ingested"

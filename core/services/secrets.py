@@ -14,7 +14,7 @@ from core.choices import Scope
 from core.errors import NotFound, PreconditionFailed, ValidationFailed
 from core.models import Tenant, TenantSecret
 from core.principal import Principal
-from core.sealing import Unreadable, seal, unseal
+from core.sealing import Unreadable, seal, unseal, unseal_with
 from core.services.audit import audit_record, create_audited
 from core.services.validation import full_clean
 
@@ -102,6 +102,36 @@ def secret_versions() -> dict[tuple[int, str], str]:
     table (system use: no caller; no values)."""
     rows = TenantSecret.objects.values_list("owner_id", "name", "pk", "revision")
     return {(owner, name): f"{pk}.{revision}" for owner, name, pk, revision in rows}
+
+
+def secrets_reseal(*, actor: Principal) -> dict[str, int]:
+    """Seal every stored value that opens only under a fallback key again under the current one (after
+    ``TENANT_SECRETS_KEY`` was rotated), each audited in its tenant's trail; the value and its revision
+    stay as they were. Counts: resealed, current (nothing to do) and unreadable (under no key we hold:
+    its tenant must store it again)."""
+    counts = {"resealed": 0, "current": 0, "unreadable": 0}
+    for pk in TenantSecret.objects.order_by("pk").values_list("pk", flat=True):
+        with transaction.atomic():  # one row at a time: a tenant's PUT meanwhile is never overwritten
+            secret = TenantSecret.objects.select_for_update().select_related("owner").filter(pk=pk).first()
+            if secret is None:
+                continue
+            context = _context(secret.owner, secret.name)
+            try:
+                value, current = unseal_with(bytes(secret.sealed), context)
+            except Unreadable:
+                counts["unreadable"] += 1
+                continue
+            if current:
+                counts["current"] += 1
+                continue
+            secret.sealed = seal(value, context)
+            secret.save(update_fields=["sealed"])
+            after = {"name": secret.name, "revision": secret.revision}
+            audit_record(
+                actor=actor, action="secret.resealed", target=secret, tenant=secret.owner, after=after
+            )
+            counts["resealed"] += 1
+    return counts
 
 
 def secret_values(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:

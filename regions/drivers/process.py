@@ -33,6 +33,7 @@ from regions.drivers.base import (
 )
 from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags, vllm_available
+from registry.sources import check_readable
 
 CRASH_LOOP_RESTARTS = 3  # after this many quick deaths the error is reported as permanent
 QUICK_DEATH_SECONDS = 90
@@ -309,6 +310,10 @@ class ProcessDriver:
                 "(copies from object stores arrive with artifact replication).",
                 permanent=True,
             )
+        try:
+            check_readable(spec.model_uri)
+        except ValidationFailed as exc:
+            raise DriverError(exc.message, permanent=True) from exc
         if not Path(uri.path).is_dir():
             raise DriverError(f"model directory {uri.path} does not exist on this host", permanent=True)
         return uri.path

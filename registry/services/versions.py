@@ -16,6 +16,7 @@ from registry.engine_args import DTYPES, QUANTIZATIONS, validate_engine_args
 from registry.hooks import REGISTER_LISTENERS
 from registry.models import SHA256, ModelVersion, RegisteredModel
 from registry.services.access import require_on_model
+from registry.sources import check_source
 
 CONTENT_FIELDS = (
     "artifact_uri",
@@ -87,6 +88,7 @@ def _check_version(version: ModelVersion) -> None:
     version.artifact_sha256 = version.artifact_sha256.lower()
     version.tokenizer_sha256 = version.tokenizer_sha256.lower()
     full_clean(version, exclude=["model", "parent"])
+    check_source(version.artifact_uri)
     _check_manifest(version.artifact_manifest)
     _check_architecture(version.architecture)
     if version.dtype not in DTYPES:

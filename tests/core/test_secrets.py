@@ -1,6 +1,7 @@
 """Tenants' secrets: stored sealed, shown never again (names and revisions only), rotated with a new
 revision, audited without their values; invisible to other tenants; bad values refused whole."""
 
+import io
 import json
 
 import pytest
@@ -40,6 +41,30 @@ def test_a_new_sealing_key_makes_stored_secrets_unreadable_not_wrong(world, api)
     with override_settings(TENANT_SECRETS_KEY="another-key"):
         assert secret_value("acme", "k") is None
     assert secret_value("acme", "k") == VALUE
+
+
+def test_the_sealing_key_rotates_through_a_fallback_and_a_reseal(world, api, settings):
+    from django.core.management import CommandError, call_command
+
+    api(world.alice).put(URL + "k/", {"value": VALUE}, format="json")
+    old_key, before = settings.TENANT_SECRETS_KEY, bytes(TenantSecret.objects.get().sealed)
+    settings.TENANT_SECRETS_KEY, settings.TENANT_SECRETS_KEY_FALLBACKS = "new-key", [old_key]
+    assert secret_value("acme", "k") == VALUE  # still opens, under the fallback
+    out = io.StringIO()
+    call_command("reseal_secrets", stdout=out)
+    assert json.loads(out.getvalue()) == {"resealed": 1, "current": 0, "unreadable": 0}
+    row = TenantSecret.objects.get()
+    assert bytes(row.sealed) != before and row.revision == 1  # sealed anew, the same value and revision
+    event = AuditEvent.objects.get(action="secret.resealed")
+    assert event.tenant == world.tenant_a and VALUE not in json.dumps([event.before, event.after])
+    settings.TENANT_SECRETS_KEY_FALLBACKS = []  # the old key is gone: the value opens under the new one
+    assert secret_value("acme", "k") == VALUE
+    call_command("reseal_secrets", stdout=out)  # again: nothing to do
+    assert AuditEvent.objects.filter(action="secret.resealed").count() == 1
+    settings.TENANT_SECRETS_KEY = "a-key-nobody-kept"
+    with pytest.raises(CommandError, match="1 secret"):
+        call_command("reseal_secrets", stdout=io.StringIO())
+    assert bytes(TenantSecret.objects.get().sealed) == bytes(row.sealed)  # left as it was
 
 
 def test_a_sealed_value_opens_only_for_its_own_tenant_and_name(world, api):

@@ -426,6 +426,31 @@ def test_clients_call_rerank_and_classify_models_directly(gw, pooling_engine):
     assert {r["model_name"] for r in gw.control.records} == {"ranker", "topics"}
 
 
+def test_a_model_stage_refused_keeps_its_meaning_rate_limits_429_bad_input_400(gw, pooling_engine):
+    topic = model_stage("topic", "classify", {"text": "request.query"}, "label", route="topics")
+    topic["labels"] = ["billing", "shipping"]
+    offer(gw, "support", pipeline(topic, {**ANSWER, "inputs": {"messages": "request.messages"}}))
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {"requests_per_minute": 2}
+    assert ask(gw, question="billing?").status == 200  # two requests: the classifier's and the answer's
+    limited = ask(gw, question="billing?")
+    assert limited.status == 429  # the tenant's limit, not a bad gateway: its client backs off
+    error = limited.json()["error"]
+    assert (
+        error["code"] == "rate_limit_exceeded"
+        and "stage topic failed: its model answered 429" in (error["message"])
+    )
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {}
+    summary = {**ANSWER, "name": "summary", "inputs": {"messages": "request.messages"}}
+    prompt = {**PROMPT, "inputs": {"facts": "summary", "question": "request.query"}}
+    offer(gw, "support", pipeline(summary, prompt, ANSWER))
+    gw.engine.fail_status = 400  # what vLLM answers an input longer than its context
+    refused = ask(gw)
+    assert refused.status == 400 and refused.json()["error"]["code"] == "invalid_request"
+    assert "stage summary failed: its model refused its input" in refused.json()["error"]["message"]
+    gw.engine.fail_status = 500
+    assert ask(gw).status == 502  # the engine's own failure stays the stage's
+
+
 def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, services):
     facts = services(lambda i: "facts")
     keyed = http("facts", facts, "clean", secret="search-key", secret_version="7.1", secret_value="tok-1")

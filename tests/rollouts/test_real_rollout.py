@@ -2,11 +2,11 @@
 
 One story, because each engine takes about a minute and 3 GB to start: acme's `chat` runs tiny-llama
 1.0.0 in eu-west-1. A canary of 2.0.0 (same weights, same engine) walks 10 → 50 → 100 (10 % watched and
-resumed, 50 % judged by analysis on the gateway's records and vLLM's own TTFT histograms), succeeds,
+resumed, 50 % judged by analysis on the gateway's records and vLLM's own queue gauge), succeeds,
 becomes production without an override, moves the alias and retires the baseline. Then 3.0.0, started
 with max_num_seqs=1 (one sequence at a time), is warmed at 0 % and canaried at 50 % while clients keep
-twelve requests in flight: it is genuinely slower, the TTFT analysis catches it, and it is rolled back with no
-failed client request.
+eighteen requests in flight: it is genuinely slower, the analysis catches its queue, and it is rolled back
+with no failed client request.
 """
 
 import json
@@ -56,32 +56,29 @@ pytestmark = [
 JUDGED = {"seconds": 45, "warmup_seconds": 15, "min_requests": 25}
 # The slow candidate's queue takes a while to build (one sequence at a time): judged over a minute of
 # steady load, its window opening only once it is warm (a person resumes it at 0 %).
-# CROWD: more clients while it is judged. With six more, its queue was two to five answers deep and its p95
-# 2-8× the baseline's depending on what else the cores were doing: once below the 3× threshold (CI, a
-# loaded machine), so the slow version passed. With twelve in flight the queue is most of them (clients
-# wait longest there) while the baseline batches its share: its p95 was 4.1× the baseline's at the gateway
-# and 8.9× on vLLM's histogram in one run, but 2.5-2.7× on both in two of three later runs. With eighteen
-# (twelve more) the slow engine's queue is deeper still, the baseline's batch barely longer.
+# CROWD: twelve more clients while it is judged, eighteen in flight: most of them end up in its queue.
 JUDGED_SLOW = {"seconds": 75, "warmup_seconds": 15, "min_requests": 40}
 # WATCHED: on two shared cores an engine with 10 % of the requests answers its first token several times
 # slower than the one with 90 % (vLLM's own histogram, warmed: p95 0.44 s against 0.096 s, p 6e-9): the
 # busy engine's load preempts the idle one. That is this machine, not the candidate, so the 10 % step is
 # watched and resumed, and the judged step runs at 50 %, where both engines carry the same load.
-# Two engines share two cores with the gateway, the control plane and Prometheus here, so an engine's
-# latency moves with the other's load and with anything else running: an equal candidate measured from
-# 1.0× its baseline (p95, a quiet machine) to 2.8× (other work on the cores), a one-sequence-at-a-time
-# candidate at 6-8× once its queue has built up. The ratio sits between the two.
+# ANALYSIS: what tells a slower engine from a busy machine. Two engines share two cores with the gateway,
+# the control plane and Prometheus here, and an engine's time to first token comes in spells: two equal
+# engines started side by side and loaded alike (bench-style, no gateway, six clients, 60 s) had medians of
+# 12 ms each, but 10-second medians from 9 ms to 0.76 s, and p95s of 0.44 and 0.80 s. Judged on a ratio of
+# TTFTs, an equal candidate failed: its p95 at 2.8× (gateway) and 6.1× (vLLM's histogram) in one CI run,
+# its median at 5.0× (0.144 s against 0.029 s) on a quiet machine. What does not come in spells is the
+# engine's queue: an equal engine batches every request it gets (nothing waits), while one that runs a
+# single sequence at a time keeps requests waiting for whole answers (with eighteen clients, its median
+# TTFT was 1.66 s against 0.17 s, its 10-second medians 0.18-6.6 s). So the step is judged on the queue
+# (vllm:num_requests_waiting, at most one more waiting on average than the baseline), with a ceiling on the
+# clients' median TTFT and the error rate beside it.
 ANALYSIS = {
     "min_samples": 20,
     "metrics": [
-        {"metric": "ttft", "source": "gateway", "stat": "p95", "max_ratio": 3.0},
+        {"metric": "ttft", "source": "gateway", "stat": "p50", "max": 3.0},
         {"metric": "error_rate", "source": "gateway", "stat": "rate", "max_increase": 0.02},
-        {
-            "metric": "vllm:time_to_first_token_seconds",
-            "source": "prometheus",
-            "stat": "p95",
-            "max_ratio": 3.0,
-        },
+        {"metric": "vllm:num_requests_waiting", "source": "prometheus", "max_increase": 1},
     ],
 }
 
@@ -173,11 +170,10 @@ def test_canary_on_real_engines_promotes_a_good_version_and_rolls_back_a_slow_on
         assert bad.state == "failed", bad.reason
         assert "analysis failed" in bad.reason
         (run,) = AnalysisRun.objects.filter(rollout=bad)
-        # Caught on time to first token: the gateway's, vLLM's own, or both (which one crosses the ratio
-        # first depends on the load this machine is under); both see the candidate slower.
-        ttft = [m for m in run.measurements if m["metric"] in ("ttft", "vllm:time_to_first_token_seconds")]
-        assert any(m["verdict"] == "failed" for m in ttft), ttft
-        assert all(m["candidate"] > m["baseline"] for m in ttft), ttft
+        # Caught on the engine's queue, and its clients waited longer for their first token.
+        judged = {m["metric"]: m for m in run.measurements}
+        assert judged["vllm:num_requests_waiting"]["verdict"] == "failed", judged
+        assert judged["ttft"]["candidate"] > judged["ttft"]["baseline"], judged
         slow.refresh_from_db()
         assert slow.status == "staged"
         assert clients.failed() == crowd.failed() == [], (clients.failed() + crowd.failed())[:5]
