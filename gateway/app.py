@@ -534,6 +534,10 @@ class Gateway(App):
                 await reply.chunk(rest, more=False)
                 return
             seen.ttft_ms = (time.perf_counter() - sent) * 1e3  # a whole answer's first byte: its headers
+            if upstream.status == 404 and path in POOLING:  # vLLM mounts only its model's task's APIs
+                seen.status, seen.usage = 404, {}
+                message = f"This model does not serve {path}: it runs another task."
+                return await reply.error(404, message, "unsupported_endpoint", extra)
             body = await upstream.read()
             seen.status = upstream.status
             try:

@@ -451,6 +451,13 @@ def test_a_model_stage_refused_keeps_its_meaning_rate_limits_429_bad_input_400(g
     assert ask(gw).status == 502  # the engine's own failure stays the stage's
 
 
+def test_a_pooling_api_the_model_does_not_serve_is_a_404_in_the_envelope(gw):
+    gw.engine.fail_status = 404  # what vLLM answers on an API its model's task does not mount
+    refused = gw.call("POST", "/v1/rerank", body={"model": "chat", "query": "q", "documents": ["a"]})
+    assert refused.status == 404 and refused.json()["error"]["code"] == "unsupported_endpoint"
+    assert refused.json()["error"]["message"] == "This model does not serve /v1/rerank: it runs another task."
+
+
 def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, services):
     facts = services(lambda i: "facts")
     keyed = http("facts", facts, "clean", secret="search-key", secret_version="7.1", secret_value="tok-1")

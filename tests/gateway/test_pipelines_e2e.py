@@ -247,6 +247,17 @@ def test_retrieval_with_a_real_embedding_model_finds_the_documents_that_answer(
     )
     assert embedded.status_code == 200, embedded.text
     vectors = [item["embedding"] for item in embedded.json()["data"]]
+    # vLLM mounts only the APIs of its model's task: /classify on an embedding model is its bare 404,
+    # which the gateway answers in the error envelope clients parse.
+    classified = requests.post(
+        f"{gateway.url}/classify",
+        json={"model": "embedder", "input": "refunds"},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    assert classified.status_code == 404, classified.text
+    assert classified.json()["error"]["code"] == "unsupported_endpoint"
+    assert "does not serve /classify" in classified.json()["error"]["message"]
     alice = api(world.alice)
     assert (
         alice.post(
