@@ -329,7 +329,7 @@ ARTIFACT_COPY_TUNING = {
 # Where registered versions' weights may be read from (registry/sources.py): URI prefixes,
 # comma-separated. By default only the local model folder the demo writes; production names its upload
 # buckets and model hubs (e.g. "s3://models-upload/,https://huggingface.co/").
-ARTIFACT_SOURCES = env_list("ARTIFACT_SOURCES", [f"file://{VAR_DIR / 'models'}"])
+ARTIFACT_SOURCES = env_list("ARTIFACT_SOURCES", [f"file://{VAR_DIR.resolve() / 'models'}"])
 # Stream a version's weights into the home store when it is registered.
 ARTIFACT_INGEST_ON_REGISTER = env_bool("ARTIFACT_INGEST_ON_REGISTER", True)
 # Start copying a version's weights into every allowed region with a store when it is staged.

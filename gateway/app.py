@@ -534,11 +534,11 @@ class Gateway(App):
                 await reply.chunk(rest, more=False)
                 return
             seen.ttft_ms = (time.perf_counter() - sent) * 1e3  # a whole answer's first byte: its headers
-            if upstream.status == 404 and path in POOLING:  # vLLM mounts only its model's task's APIs
+            body = await upstream.read()
+            if upstream.status == 404 and path in POOLING and _route_missing(body):  # not "no such model"
                 seen.status, seen.usage = 404, {}
                 message = f"This model does not serve {path}: it runs another task."
                 return await reply.error(404, message, "unsupported_endpoint", extra)
-            body = await upstream.read()
             seen.status = upstream.status
             try:
                 seen.usage = json.loads(body).get("usage") or {}
@@ -568,6 +568,15 @@ class Gateway(App):
             )
             + self.metrics.text()
         )
+
+
+def _route_missing(body: bytes) -> bool:
+    """vLLM's (FastAPI's) answer on a path it did not mount (it mounts only its model's task's APIs), as
+    opposed to its 404 of an unknown model name."""
+    try:
+        return bool(json.loads(body) == {"detail": "Not Found"})
+    except ValueError:
+        return False
 
 
 app = Gateway(Settings.from_env())

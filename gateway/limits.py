@@ -45,14 +45,17 @@ def refusal(kind: str, limits: contract.TenantLimits) -> str:
     return f"requests in flight ({limits.get('concurrent_requests')})"
 
 
+RATE_LIMITED, OVER_BUDGET = "rate_limit_exceeded", "insufficient_quota"  # the codes of the gateway's 429s
+
+
 def rate_limited(tenant: str, refused: str) -> tuple[int, str, str]:
     """The 429 of a tenant over one of its limits (``refused``: what ``refusal`` names), for every route."""
-    return 429, f"Rate limit reached for {tenant}: {refused}.", "rate_limit_exceeded"
+    return 429, f"Rate limit reached for {tenant}: {refused}.", RATE_LIMITED
 
 
 def over_budget(tenant: str, blocked: str) -> tuple[int, str, str]:
     """The 429 of a tenant whose budget blocks it (``blocked``: the route table's reason)."""
-    return 429, f"{tenant}: {blocked}.", "insufficient_quota"
+    return 429, f"{tenant}: {blocked}.", OVER_BUDGET
 
 
 class Limits:

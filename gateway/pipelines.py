@@ -20,6 +20,7 @@ import aiohttp
 import re2
 
 from gateway import contract
+from gateway.limits import OVER_BUDGET, RATE_LIMITED
 from gateway.retrieval import Indexes
 from gateway.stage_network import StageNetwork
 from gateway.tracing import StageTrace
@@ -46,9 +47,6 @@ Trace = Callable[[contract.PipelineStage], AbstractContextManager[StageTrace]]
 @contextmanager
 def untraced(stage: contract.PipelineStage) -> Iterator[StageTrace]:
     yield StageTrace({})
-
-
-LIMIT_CODES = ("rate_limit_exceeded", "insufficient_quota")  # the gateway's own 429s (gateway/limits.py)
 
 
 class StageFailed(Exception):
@@ -365,16 +363,17 @@ def _error_text(body: bytes) -> str:
 
 def _model_refusal(status: int, body: bytes) -> tuple[int, str, str]:
     """A model stage's failed request as the pipeline's answer (status, message, code). The tenant's own
-    limits stay a 429 with their code, so a client backs off instead of retrying a "bad gateway"; an
-    input the model refuses (too long for its context, say) is the client's 400; the rest is a 502."""
+    limits (the gateway's 429s, known by their code) stay a 429, so a client backs off instead of retrying
+    a "bad gateway"; an input the model refuses (400: too long for its context, say; 413) is the client's
+    400; anything else, a 422 of a body the gateway built included, is the stage's 502."""
     text = _error_text(body)
-    if status == 429:
-        try:
-            code = json.loads(body)["error"]["code"]
-        except (ValueError, KeyError, TypeError):
-            code = None
-        return 429, f"its model answered 429: {text}", code if code in LIMIT_CODES else "rate_limit_exceeded"
-    if status in (400, 413, 422):
+    try:
+        code = json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    if status == 429 and code in (RATE_LIMITED, OVER_BUDGET):
+        return 429, f"its model answered 429: {text}", code
+    if status in (400, 413):
         return 400, f"its model refused its input: {text}", "invalid_request"
     return 502, f"its model answered {status}: {text}", "pipeline_stage_failed"
 

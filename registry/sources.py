@@ -2,21 +2,29 @@
 
 Whoever registers a version names its artifact URI, and the platform reads it with its own network, files
 and credentials: ingest streams it into the home store, and a region without an object store serves a
-``file://`` directory straight from the host. Without a list a tenant could name any file on those hosts,
-any bucket the platform's keys open, or any URL inside its network. The declared SHA-256 keeps such bytes
-from being stored, but the read still happens, and whether the version is then rejected tells the tenant
-whether its guess of the contents was right. So a URI must lie under one of the operator's prefixes when
-it is registered, and again when it is read: the list may have narrowed since, and a symlink under an
-allowed directory may point out of it (``check_readable`` follows it).
+``file://`` directory straight from the host (or syncs it into a pod). Without a list a tenant could name
+any file on those hosts, any bucket the platform's keys open, or any URL inside its network. The declared
+SHA-256 keeps such bytes from being stored, but the read still happens, and whether the version is then
+rejected tells the tenant whether its guess of the contents was right. So a URI must lie under one of the
+operator's prefixes when it is registered, and again when it is read: the list may have narrowed since,
+and a symlink under an allowed directory may point out of it (``check_readable`` follows them, and
+``check_opened`` checks the file a reader actually opened).
 
 A prefix matches whole path segments: ``file:///srv/models`` admits ``/srv/models/llama`` but not
-``/srv/models-private``. ``s3://`` or ``https://`` alone admit every bucket or host (the operator's
-choice, documented as wide).
+``/srv/models-private``. ``s3://`` or ``https://`` alone admit every bucket or host, ``file://`` alone
+every file (the operator's choice, documented as wide).
+
+URLs are refused rather than interpreted where the readers' parsers could disagree with this one: a
+backslash, a space or control character, a user name (``a@b``), or a dot segment (``..``, ``..;``, and
+``.`` outside ``file://``, in any percent-spelling). Files are compared by their normalised path, object
+keys and URL paths as written.
 """
 
+import os
 import posixpath
+import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from django.conf import settings
@@ -24,27 +32,34 @@ from django.conf import settings
 from core.errors import ValidationFailed
 
 SCHEMES = ("file", "s3", "gs", "http", "https")
+# Read differently by urllib3 (a backslash ends the host) or by servers: refused, never interpreted.
+AMBIGUOUS = re.compile(r"[\x00-\x20\x7f\\]")
 
 
 class Location(NamedTuple):
     scheme: str
-    authority: str  # host[:port] or bucket, lower-cased; "" for file://
-    path: str  # normalised, always starting with "/"
+    authority: str  # host[:port] (an IPv6 host in brackets) or bucket, lower-cased; "" for file://
+    path: str  # always starting with "/"; normalised for files only
 
 
 def _location(uri: str) -> Location | None:
-    """The URI's scheme, authority and normalised path, or None when it is not one we read."""
+    """The URI's scheme, authority and path, or None when it is not one we read unambiguously."""
+    if not isinstance(uri, str) or AMBIGUOUS.search(uri) or AMBIGUOUS.search(unquote(uri)):
+        return None
     try:
         parts = urlsplit(uri)
         port = parts.port  # a malformed port raises here
     except ValueError:
         return None
-    path = parts.path or "/"
-    decoded = unquote(path)  # a server decodes %2e%2e into "..": refused in either spelling
-    if parts.scheme not in SCHEMES or "\x00" in unquote(uri) or ".." in decoded.split("/"):
+    if parts.scheme not in SCHEMES or "@" in parts.netloc:
         return None
-    authority = (parts.hostname or "") + (f":{port}" if port else "")
-    return Location(parts.scheme, authority, posixpath.normpath(path) if path != "/" else "/")
+    segments = unquote(parts.path).split("/")  # a server decodes %2e%2e into "..": either spelling
+    if any(s.startswith("..") or (s == "." and parts.scheme != "file") for s in segments):
+        return None
+    host = parts.hostname or ""
+    authority = (f"[{host}]" if ":" in host else host) + (f":{port}" if port is not None else "")
+    path = parts.path or "/"
+    return Location(parts.scheme, authority, posixpath.normpath(path) if parts.scheme == "file" else path)
 
 
 def _under(location: Location, prefix: Location) -> bool:
@@ -62,30 +77,62 @@ def allowed_sources() -> tuple[str, ...]:
     return tuple(settings.ARTIFACT_SOURCES)
 
 
+def malformed_sources() -> list[str]:
+    """Entries of the list that are no prefix at all (they would admit nothing, silently)."""
+    relative = [p for p in allowed_sources() if p.startswith("file://") and p != "file://" and p[7:8] != "/"]
+    return [p for p in allowed_sources() if _location(p) is None] + relative  # file://var/...: "var" a host
+
+
 def _prefixes() -> list[Location]:
     """The allowed prefixes; a directory's also as its symlinks resolve, so that a resolved path matches."""
     found = [p for p in map(_location, allowed_sources()) if p is not None]
     return found + [p._replace(path=str(Path(p.path).resolve())) for p in found if p.scheme == "file"]
 
 
-def source_allowed(uri: str) -> bool:
-    location = _location(uri)
+def _allowed(location: Location | None) -> bool:
     return location is not None and any(_under(location, prefix) for prefix in _prefixes())
+
+
+def source_allowed(uri: str) -> bool:
+    return _allowed(_location(uri))
+
+
+def _refuse(field: str) -> ValidationFailed:
+    accepted = ", ".join(allowed_sources()) or "nothing (ARTIFACT_SOURCES is empty)"
+    return ValidationFailed(
+        f"{field} is not under a source this platform reads weights from; it accepts: {accepted}.",
+        detail={field: ["not an allowed artifact source"]},
+    )
 
 
 def check_source(uri: str, field: str = "artifact_uri") -> None:
     """Refuse a URI outside the allow-list, naming what the platform accepts."""
     if not source_allowed(uri):
-        accepted = ", ".join(allowed_sources()) or "nothing (ARTIFACT_SOURCES is empty)"
-        raise ValidationFailed(
-            f"{field} is not under a source this platform reads weights from; it accepts: {accepted}.",
-            detail={field: ["not an allowed artifact source"]},
-        )
+        raise _refuse(field)
+
+
+def _check_real_path(path: str) -> None:
+    if not _allowed(Location("file", "", posixpath.normpath(path))):
+        raise _refuse("artifact_uri")
 
 
 def check_readable(uri: str) -> None:
-    """At read time: the URI is still allowed and, for a file, so is where its symlinks lead."""
+    """At read time: the URI is still allowed and, for a file or a model directory, so is where each of
+    its symlinks leads."""
     check_source(uri)
     location = _location(uri)
-    if location is not None and location.scheme == "file":
-        check_source(f"file://{Path(location.path).resolve()}")
+    if location is None or location.scheme != "file":
+        return
+    root = Path(location.path)
+    _check_real_path(str(root.resolve()))
+    if root.is_dir():
+        for folder, names, files in os.walk(root):  # links are checked, not followed into
+            for name in names + files:
+                _check_real_path(str((Path(folder) / name).resolve()))
+
+
+def check_opened(handle: BinaryIO, path: str) -> None:
+    """The file a reader opened is still inside the list: a link swapped in after ``check_readable``
+    (between the check and the open) is caught here, by what the descriptor really points at."""
+    proc = Path(f"/proc/self/fd/{handle.fileno()}")
+    _check_real_path(os.readlink(proc) if proc.exists() else str(Path(path).resolve()))

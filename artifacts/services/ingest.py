@@ -11,7 +11,7 @@ import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urljoin, urlparse
 
 import requests
 from django.conf import settings
@@ -25,9 +25,10 @@ from regions.drivers.base import DriverError
 from registry.models import ModelVersion
 from registry.selectors import version_files
 from registry.services.lifecycle import version_reject
-from registry.sources import check_readable
+from registry.sources import check_opened, check_readable, check_source
 
 SYSTEM = Principal.system("ingest", source=AuditSource.TASK)
+MAX_REDIRECTS = 5
 
 
 def _files(version: ModelVersion) -> list[tuple[str, str, int]]:
@@ -40,11 +41,11 @@ def _read(uri: str, part_size: int) -> Iterator[bytes]:
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         with Path(parsed.path).open("rb") as handle:
+            check_opened(handle, parsed.path)
             while chunk := handle.read(part_size):
                 yield chunk
     elif parsed.scheme in {"http", "https"}:
-        with requests.get(uri, stream=True, timeout=(5, 60)) as response:
-            response.raise_for_status()
+        with _get(uri) as response:
             yield from response.iter_content(part_size)
     elif parsed.scheme == "s3":
         client = s3_client(endpoint_url=os.environ.get("ARTIFACT_SOURCE_S3_ENDPOINT") or None)
@@ -53,6 +54,20 @@ def _read(uri: str, part_size: int) -> Iterator[bytes]:
             yield chunk
     else:
         raise DriverError(f"cannot ingest from {uri}", permanent=True)
+
+
+def _get(uri: str) -> requests.Response:
+    """GET, following redirects only to allowed sources: one hop from an allowed host must not reach an
+    internal address (a hub's CDN, where it redirects, must be listed too)."""
+    for _ in range(MAX_REDIRECTS + 1):
+        response = requests.get(uri, stream=True, timeout=(5, 60), allow_redirects=False)
+        if not response.is_redirect:
+            response.raise_for_status()
+            return response
+        response.close()
+        uri = urljoin(uri, response.headers["location"])
+        check_source(uri)
+    raise DriverError(f"more than {MAX_REDIRECTS} redirects", permanent=True)
 
 
 def _parts(chunks: Iterator[bytes], part_size: int) -> Iterator[bytes]:
@@ -87,10 +102,19 @@ def _ingest_file(home: ObjectStore, uri: str, sha256: str, part_size: int) -> No
 
 
 def ingest(version_id: int) -> str:
-    """Returns "ingested", or "rejected" when a file's checksum does not match its declaration."""
+    """Returns "ingested", or "rejected" when a file's checksum does not match its declaration or its
+    source is not (or no longer) allowed: every source is checked first, even one whose bytes the home
+    store already holds."""
     version = ModelVersion.objects.select_related("model__owner").get(pk=version_id)
     home, part_size = home_store(), settings.ARTIFACT_COPY_TUNING["part_size"]
-    for uri, sha256, _ in _files(version):
+    files = _files(version)
+    try:
+        for uri, _, _ in files:
+            check_readable(uri)
+    except ValidationFailed as exc:
+        version_reject(actor=SYSTEM, version=version, reason=f"refused at ingest: {exc.message}")
+        return "rejected"
+    for uri, sha256, _ in files:
         try:
             _ingest_file(home, uri, sha256, part_size)
         except ValueError as exc:

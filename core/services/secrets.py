@@ -109,29 +109,30 @@ def secrets_reseal(*, actor: Principal) -> dict[str, int]:
     ``TENANT_SECRETS_KEY`` was rotated), each audited in its tenant's trail; the value and its revision
     stay as they were. Counts: resealed, current (nothing to do) and unreadable (under no key we hold:
     its tenant must store it again)."""
-    counts = {"resealed": 0, "current": 0, "unreadable": 0}
+    counts = {"resealed": 0, "current": 0, "unreadable": 0, "gone": 0}
     for pk in TenantSecret.objects.order_by("pk").values_list("pk", flat=True):
-        with transaction.atomic():  # one row at a time: a tenant's PUT meanwhile is never overwritten
-            secret = TenantSecret.objects.select_for_update().select_related("owner").filter(pk=pk).first()
-            if secret is None:
-                continue
-            context = _context(secret.owner, secret.name)
-            try:
-                value, current = unseal_with(bytes(secret.sealed), context)
-            except Unreadable:
-                counts["unreadable"] += 1
-                continue
-            if current:
-                counts["current"] += 1
-                continue
-            secret.sealed = seal(value, context)
-            secret.save(update_fields=["sealed"])
-            after = {"name": secret.name, "revision": secret.revision}
-            audit_record(
-                actor=actor, action="secret.resealed", target=secret, tenant=secret.owner, after=after
-            )
-            counts["resealed"] += 1
+        counts[_reseal(actor, pk)] += 1
+    del counts["gone"]  # deleted while the pass ran: nothing to tell
     return counts
+
+
+def _reseal(actor: Principal, pk: int) -> str:
+    with transaction.atomic():  # one row at a time, locked: a tenant's PUT meanwhile is never overwritten
+        secret = TenantSecret.objects.select_for_update().select_related("owner").filter(pk=pk).first()
+        if secret is None:
+            return "gone"
+        context = _context(secret.owner, secret.name)
+        try:
+            value, current = unseal_with(bytes(secret.sealed), context)
+        except Unreadable:
+            return "unreadable"
+        if current:
+            return "current"
+        secret.sealed = seal(value, context)
+        secret.save(update_fields=["sealed"])
+        after = {"name": secret.name, "revision": secret.revision}
+        audit_record(actor=actor, action="secret.resealed", target=secret, tenant=secret.owner, after=after)
+        return "resealed"
 
 
 def secret_values(wanted: set[tuple[str, str]]) -> dict[tuple[str, str], str]:

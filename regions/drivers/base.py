@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from core.errors import ValidationFailed
+from registry.sources import check_readable
 
 
 class DriverError(Exception):
@@ -16,6 +17,15 @@ class DriverError(Exception):
         super().__init__(message)
         self.message = message
         self.permanent = permanent
+
+
+def check_model_source(uri: str) -> None:
+    """Before a driver reads a version's own URI (no regional copy): the operator's allow-list, as ingest
+    applies it (registry.sources), a refusal being permanent."""
+    try:
+        check_readable(uri)
+    except ValidationFailed as exc:
+        raise DriverError(exc.message, permanent=True) from exc
 
 
 @dataclass(frozen=True)

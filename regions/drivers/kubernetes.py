@@ -23,6 +23,7 @@ from regions.drivers.base import (
     ObservedWorkload,
     Survey,
     WorkloadSpec,
+    check_model_source,
     check_otlp_traces_endpoint,
     tracing_flags,
 )
@@ -199,6 +200,7 @@ def _fetch_container(spec: WorkloadSpec, cfg: KubernetesConfig) -> dict[str, Any
         ]
         command = ["sh", "-ec", " && ".join(copies)]
     else:
+        check_model_source(spec.model_uri)  # no regional copy: the pod reads the version's own URI
         command = ["aws", "s3", "sync", "--only-show-errors", spec.model_uri, target]
     container: dict[str, Any] = {
         "name": FETCH_CONTAINER,

@@ -28,12 +28,12 @@ from regions.drivers.base import (
     DriverError,
     ObservedWorkload,
     WorkloadSpec,
+    check_model_source,
     check_otlp_traces_endpoint,
     tracing_flags,
 )
 from regions.engine_keys import workload_api_key
 from registry.engine_args import render_flags, vllm_available
-from registry.sources import check_readable
 
 CRASH_LOOP_RESTARTS = 3  # after this many quick deaths the error is reported as permanent
 QUICK_DEATH_SECONDS = 90
@@ -310,10 +310,7 @@ class ProcessDriver:
                 "(copies from object stores arrive with artifact replication).",
                 permanent=True,
             )
-        try:
-            check_readable(spec.model_uri)
-        except ValidationFailed as exc:
-            raise DriverError(exc.message, permanent=True) from exc
+        check_model_source(spec.model_uri)
         if not Path(uri.path).is_dir():
             raise DriverError(f"model directory {uri.path} does not exist on this host", permanent=True)
         return uri.path

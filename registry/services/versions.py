@@ -84,11 +84,14 @@ def _check_architecture(architecture: Any) -> None:
         raise ValidationFailed("architecture values must be positive integers.")
 
 
-def _check_version(version: ModelVersion) -> None:
+def _check_version(version: ModelVersion, *, new_source: bool = True) -> None:
+    """``new_source``: the artifact URI is being set, so it must be an allowed source now (a version
+    registered earlier keeps its own, checked again whenever it is read)."""
     version.artifact_sha256 = version.artifact_sha256.lower()
     version.tokenizer_sha256 = version.tokenizer_sha256.lower()
     full_clean(version, exclude=["model", "parent"])
-    check_source(version.artifact_uri)
+    if new_source:
+        check_source(version.artifact_uri)
     _check_manifest(version.artifact_manifest)
     _check_architecture(version.architecture)
     if version.dtype not in DTYPES:
@@ -197,7 +200,7 @@ def version_update(*, actor: Principal, version: ModelVersion, changes: dict[str
         before = snapshot(current, changes.keys())
         for name, value in changes.items():
             setattr(current, name, value)
-        _check_version(current)
+        _check_version(current, new_source="artifact_uri" in changes)
         current.updated_at = timezone.now()
         current.save(update_fields=[*changes.keys(), "updated_at"])
         audit_record(

@@ -20,6 +20,7 @@ from artifacts.services.replication import replica_for, replicate
 from artifacts.tasks import resume_replication
 from core.models import AuditEvent
 from regions.drivers.base import DriverError
+from tests.support.artifacts import put_blob
 from tests.support.principals import principal
 from tests.support.processes import child_env, wait_for
 from tests.support.registry import register
@@ -44,13 +45,6 @@ def s3_endpoints():
 def bucket(endpoint: str, name: str) -> dict:
     s3_client(endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
     return {"kind": "s3", "bucket": name, "endpoint_url": endpoint}
-
-
-def put_blob(store, data: bytes) -> str:
-    sha = hashlib.sha256(data).hexdigest()
-    upload = store.begin(blob_key(sha))
-    store.complete(blob_key(sha), upload, {1: store.put_part(blob_key(sha), upload, 1, data)}, sha)
-    return sha
 
 
 @pytest.fixture

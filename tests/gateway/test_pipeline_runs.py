@@ -439,6 +439,12 @@ def test_a_model_stage_refused_keeps_its_meaning_rate_limits_429_bad_input_400(g
         error["code"] == "rate_limit_exceeded"
         and "stage topic failed: its model answered 429" in (error["message"])
     )
+    models = gw.gateway.routes.body["tenants"]["acme"]["models"]
+    gw.gateway.routes.body["tenants"]["acme"]["limits"] = {}
+    models["topics"] = {**models["topics"], "endpoints": models["chat"]["endpoints"]}
+    gw.engine.fail_status = 429  # an engine's own 429 is not the tenant's limit: the stage failed
+    assert ask(gw, question="billing?").status == 502
+    gw.engine.fail_status = 0
     gw.gateway.routes.body["tenants"]["acme"]["limits"] = {}
     summary = {**ANSWER, "name": "summary", "inputs": {"messages": "request.messages"}}
     prompt = {**PROMPT, "inputs": {"facts": "summary", "question": "request.query"}}
@@ -452,10 +458,14 @@ def test_a_model_stage_refused_keeps_its_meaning_rate_limits_429_bad_input_400(g
 
 
 def test_a_pooling_api_the_model_does_not_serve_is_a_404_in_the_envelope(gw):
-    gw.engine.fail_status = 404  # what vLLM answers on an API its model's task does not mount
-    refused = gw.call("POST", "/v1/rerank", body={"model": "chat", "query": "q", "documents": ["a"]})
+    gw.engine.fail_status, gw.engine.fail_body = 404, {"detail": "Not Found"}  # vLLM: an API not mounted
+    body = {"model": "chat", "query": "q", "documents": ["a"]}
+    refused = gw.call("POST", "/v1/rerank", body=body)
     assert refused.status == 404 and refused.json()["error"]["code"] == "unsupported_endpoint"
     assert refused.json()["error"]["message"] == "This model does not serve /v1/rerank: it runs another task."
+    gw.engine.fail_body = {"error": {"message": "The model `chat` does not exist.", "code": 404}}
+    unknown = gw.call("POST", "/v1/rerank", body=body)  # another 404 of vLLM's: passed on as it is
+    assert unknown.status == 404 and unknown.json() == gw.engine.fail_body
 
 
 def test_an_http_stage_sends_its_secret_as_a_bearer_token_or_is_not_called(gw, services):

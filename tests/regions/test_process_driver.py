@@ -10,22 +10,8 @@ import pytest
 
 from core.errors import ValidationFailed
 from regions.drivers import process
-from regions.drivers.base import WorkloadSpec
 from regions.drivers.process import ProcessConfig, ProcessDriver, _health
-
-
-def spec(name: str, model_dir: Path) -> WorkloadSpec:
-    return WorkloadSpec(
-        name=name,
-        labels={},
-        replicas=1,
-        served_model_name=name,
-        model_uri=f"file://{model_dir}",
-        runtime_image="",
-        engine_args={},
-        gpu_type="L4",
-        gpu_count=1,
-    )
+from tests.support.regions import process_spec as spec
 
 
 def replica_state(root: Path, name: str) -> dict:

@@ -74,6 +74,7 @@ class FakeEngine:
     usage: Any = None  # what the engine reports as ``usage`` (None: the normal counts)
     break_stream: bool = False  # send the first event, then drop the connection mid-response
     fail_status: int = 0  # answer every request with this status (a 5xx: a failing engine)
+    fail_body: Any = None  # and this body (None: an error envelope)
     delay: float = 0.0  # seconds to think before answering (a slow engine)
     hold: threading.Event | None = None  # answer only once this is set (an engine stuck until released)
     drop: int = 0  # close the connection unanswered this many times (as a closing kept-alive one looks)
@@ -95,7 +96,8 @@ class FakeEngine:
         if self.delay:
             time.sleep(self.delay)
         if self.fail_status:
-            return reply(handler, self.fail_status, {"error": {"message": "engine failing"}})
+            body = self.fail_body or {"error": {"message": "engine failing"}}
+            return reply(handler, self.fail_status, body)
         if self.break_stream:
             first = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "a"}}]}
             handler.send_response(200)

@@ -38,6 +38,21 @@ TINY_ENGINE_ARGS = {"load_format": "dummy", "dtype": "float32", "max_model_len":
 ENGINE_START_TIMEOUT = 420  # a real vLLM engine (CPU build)
 
 
+def process_spec(name: str, model_dir: Path) -> WorkloadSpec:
+    """A workload serving ``model_dir`` from the host, as the process driver gets it."""
+    return WorkloadSpec(
+        name=name,
+        labels={},
+        replicas=1,
+        served_model_name=name,
+        model_uri=f"file://{model_dir}",
+        runtime_image="",
+        engine_args={},
+        gpu_type="L4",
+        gpu_count=1,
+    )
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
