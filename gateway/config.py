@@ -84,6 +84,7 @@ class Settings:
             token=token,
             cache_file=Path(cache) if cache else None,
             upstream_timeout_seconds=float(os.environ.get("GATEWAY_UPSTREAM_TIMEOUT", "600")),
+            connect_timeout_seconds=float(os.environ.get("GATEWAY_CONNECT_TIMEOUT", "2")),
             ejection_seconds=float(os.environ.get("GATEWAY_EJECTION_SECONDS", "30")),
             max_ejection_seconds=float(os.environ.get("GATEWAY_MAX_EJECTION_SECONDS", "300")),
             retry_budget_ratio=float(os.environ.get("GATEWAY_RETRY_BUDGET_RATIO", "0.2")),
