@@ -89,8 +89,10 @@ def _prefixes() -> list[Location]:
     return found + [p._replace(path=str(Path(p.path).resolve())) for p in found if p.scheme == "file"]
 
 
-def _allowed(location: Location | None) -> bool:
-    return location is not None and any(_under(location, prefix) for prefix in _prefixes())
+def _allowed(location: Location | None, prefixes: list[Location] | None = None) -> bool:
+    if location is None:
+        return False
+    return any(_under(location, prefix) for prefix in (prefixes if prefixes is not None else _prefixes()))
 
 
 def source_allowed(uri: str) -> bool:
@@ -111,24 +113,25 @@ def check_source(uri: str, field: str = "artifact_uri") -> None:
         raise _refuse(field)
 
 
-def _check_real_path(path: str) -> None:
-    if not _allowed(Location("file", "", posixpath.normpath(path))):
+def _check_real_path(path: str, prefixes: list[Location] | None = None) -> None:
+    if not _allowed(Location("file", "", posixpath.normpath(path)), prefixes):
         raise _refuse("artifact_uri")
 
 
 def check_readable(uri: str) -> None:
     """At read time: the URI is still allowed and, for a file or a model directory, so is where each of
     its symlinks leads."""
-    check_source(uri)
-    location = _location(uri)
+    location, prefixes = _location(uri), _prefixes()  # the list read once for every file below
+    if not _allowed(location, prefixes):
+        raise _refuse("artifact_uri")
     if location is None or location.scheme != "file":
         return
     root = Path(location.path)
-    _check_real_path(str(root.resolve()))
+    _check_real_path(str(root.resolve()), prefixes)
     if root.is_dir():
         for folder, names, files in os.walk(root):  # links are checked, not followed into
             for name in names + files:
-                _check_real_path(str((Path(folder) / name).resolve()))
+                _check_real_path(str((Path(folder) / name).resolve()), prefixes)
 
 
 def check_opened(handle: BinaryIO, path: str) -> None:

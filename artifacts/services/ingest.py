@@ -37,7 +37,7 @@ def _files(version: ModelVersion) -> list[tuple[str, str, int]]:
 
 
 def _read(uri: str, part_size: int) -> Iterator[bytes]:
-    check_readable(uri)
+    """The bytes at ``uri``, which ``ingest`` checked against the allow-list before any read."""
     parsed = urlparse(uri)
     if parsed.scheme == "file":
         with Path(parsed.path).open("rb") as handle:
@@ -111,16 +111,12 @@ def ingest(version_id: int) -> str:
     try:
         for uri, _, _ in files:
             check_readable(uri)
-    except ValidationFailed as exc:
+        for uri, sha256, _ in files:
+            _ingest_file(home, uri, sha256, part_size)
+    except ValueError as exc:
+        version_reject(actor=SYSTEM, version=version, reason=f"checksum mismatch at ingest: {exc}")
+        return "rejected"
+    except ValidationFailed as exc:  # the list narrowed since registration, a link or a redirect leads out
         version_reject(actor=SYSTEM, version=version, reason=f"refused at ingest: {exc.message}")
         return "rejected"
-    for uri, sha256, _ in files:
-        try:
-            _ingest_file(home, uri, sha256, part_size)
-        except ValueError as exc:
-            version_reject(actor=SYSTEM, version=version, reason=f"checksum mismatch at ingest: {exc}")
-            return "rejected"
-        except ValidationFailed as exc:  # the allow-list narrowed since registration, or a symlink leads out
-            version_reject(actor=SYSTEM, version=version, reason=f"refused at ingest: {exc.message}")
-            return "rejected"
     return "ingested"
