@@ -13,7 +13,7 @@ from typing import Any
 from celery.beat import PersistentScheduler
 from django.db import DatabaseError, close_old_connections
 
-from core.services.leases import holder_name, lease_hold, lease_release
+from core.services.leases import holder_name, lease_hold, lease_release_on_stop
 
 log = logging.getLogger(__name__)
 LEASE = "beat"
@@ -41,6 +41,8 @@ class LeaderScheduler(PersistentScheduler):  # type: ignore[misc]
         return min(float(super().tick(*args, **kwargs)), LEASE_SECONDS / 3)
 
     def close(self) -> None:
+        # Celery calls this from its SIGTERM handler, wherever the main thread is: maybe inside a query.
         if self.leading:
-            lease_release(LEASE, self.holder)
+            lease_release_on_stop(LEASE, self.holder)
+            self.leading = False
         super().close()

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.services.leases import holder_name, lease_hold, lease_release
+from core.services.leases import holder_name, lease_hold, lease_release_on_stop
 from regions.drivers.prometheus import prometheus_client
 from regions.models import Region
 from routing import selectors, services
@@ -144,9 +144,9 @@ def run_forever(
                 log.exception("routing round failed")
             done += 1
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
-    finally:
+    finally:  # a clean stop (Ctrl-C, or SIGTERM through the ``route`` command) hands the lease on now
         if leading:
-            lease_release(LEASE, me)
+            lease_release_on_stop(LEASE, me)
 
 
 def _lead(me: str, leading: bool) -> bool:

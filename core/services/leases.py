@@ -7,16 +7,20 @@ one that dies stops renewing, and a standby takes over within ``seconds``. A hol
 releases it, so the standby takes over at its next round.
 """
 
+import logging
 import os
 import socket
+import threading
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from core.models import Lease
+
+log = logging.getLogger(__name__)
 
 
 def holder_name(role: str) -> str:
@@ -45,6 +49,25 @@ def lease_hold(name: str, holder: str, seconds: float, now: datetime | None = No
 def lease_release(name: str, holder: str, now: datetime | None = None) -> None:
     """Give the lease up now (a clean stop): the next process to ask gets it."""
     Lease.objects.filter(name=name, holder=holder).update(expires_at=now or timezone.now())
+
+
+def lease_release_on_stop(name: str, holder: str, wait: float = 5.0) -> None:
+    """``lease_release`` for a process that is stopping (a SIGTERM handler, a ``finally`` it unwound to):
+    it may have been stopped inside a query on this thread's connection, which that query left busy (and
+    psycopg's connection lock is not re-entrant), so release on a connection of its own, for ``wait``
+    seconds at most. Past that, or on a database error, the lease simply runs out as after a kill."""
+    releaser = threading.Thread(target=_release_on_own_connection, args=(name, holder), daemon=True)
+    releaser.start()
+    releaser.join(wait)
+
+
+def _release_on_own_connection(name: str, holder: str) -> None:
+    try:
+        lease_release(name, holder)
+    except DatabaseError:
+        log.exception("%s could not release the %s lease; it runs out instead", holder, name)
+    finally:
+        connections.close_all()
 
 
 def lease_holder(name: str, now: datetime | None = None) -> str:

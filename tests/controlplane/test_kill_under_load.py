@@ -27,7 +27,7 @@ from tests.support.forwarder import Forwarder
 from tests.support.gateway import Gateway, gateway_secret
 from tests.support.load import Clients
 from tests.support.principals import principal
-from tests.support.processes import child_env, free_port, wait_for
+from tests.support.processes import child_env, free_port, stop_all, wait_for
 from tests.support.regions import tiny_version, until_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -150,7 +150,4 @@ def test_killing_each_process_in_turn_fails_no_request_and_the_fleet_converges(
         for gateway in gateways:
             if gateway.proc.poll() is None:
                 gateway.stop()
-        for proc in [procs["web"], procs["worker"], *procs["routers"], *procs["beats"]]:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=20)
+        stop_all([procs["web"], procs["worker"], *procs["routers"], *procs["beats"]])

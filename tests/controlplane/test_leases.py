@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from core.services.leases import lease_hold, lease_holder, lease_release
 from routing import services
 from routing.health import LEASE_SECONDS as ROUTER_LEASE_SECONDS
 from routing.models import RouteTable
-from tests.support.processes import child_env, wait_for
+from tests.support.processes import child_env, stop_all, wait_for
 
 T0 = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -46,13 +47,6 @@ def _start(command: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]
     )
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=20)
-
-
 @pytest.mark.slow
 def test_of_two_routing_loops_one_routes_and_the_other_takes_over_when_it_is_killed(
     transactional_db, world, tmp_path
@@ -79,7 +73,7 @@ def test_of_two_routing_loops_one_routes_and_the_other_takes_over_when_it_is_kil
         latest = RouteTable.objects.latest("generation").body["tenants"][world.tenant_a.slug]
         assert latest["limits"]["requests_per_minute"] == 77
     finally:
-        _stop(routers)
+        stop_all(routers)
     assert services.publish() is not None
 
 
@@ -125,4 +119,60 @@ def test_of_two_beats_one_sends_the_schedule_and_the_other_takes_over_when_it_is
         wait_for(lambda: sent(logs[standby]) >= 2, timeout=BEAT_LEASE_SECONDS + 20)
         assert _pid(lease_holder("beat")) == beats[standby].pid
     finally:
-        _stop(beats)
+        stop_all(beats)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_beat_stopped_inside_a_query_still_releases_its_lease(tmp_path):
+    """Celery's SIGTERM handler closes the scheduler wherever the main thread is, even inside a query on
+    its connection, whose lock psycopg does not let the same thread take twice."""
+    from django.db import connection
+
+    from controlplane.beat import LEASE, LeaderScheduler
+    from controlplane.celery import app
+
+    scheduler = LeaderScheduler(app=app, schedule_filename=str(tmp_path / "schedule"))
+    assert lease_hold(LEASE, scheduler.holder, BEAT_LEASE_SECONDS)
+    scheduler.leading = True
+
+    def stopped_mid_query() -> None:
+        connection.ensure_connection()
+        try:
+            with connection.connection.lock:  # as a query in flight holds it
+                scheduler.close()
+        finally:
+            connection.close()
+
+    stopper = threading.Thread(target=stopped_mid_query, daemon=True)
+    stopper.start()
+    stopper.join(20)
+    assert not stopper.is_alive(), "close() waited on its own connection"
+    assert lease_holder(LEASE) == ""
+
+
+@pytest.mark.slow
+def test_a_beat_stopped_with_sigterm_releases_its_lease_and_exits(transactional_db, tmp_path):
+    env = {"CELERY_BROKER_URL": "filesystem://localhost//", "CONTROLPLANE_VAR_DIR": str(tmp_path / "var")}
+    beat = ["-m", "celery", "-A", "controlplane", "beat", "-s", str(tmp_path / "schedule")]
+    proc = _start(beat, tmp_path / "beat.log", **env)
+    try:
+        holder = wait_for(lambda: lease_holder("beat"), timeout=60)
+        assert _pid(holder) == proc.pid
+        proc.terminate()
+        proc.wait(timeout=20)
+        assert lease_holder("beat") == ""  # released: a standby takes over at its next round, not in 15 s
+    finally:
+        stop_all([proc])
+
+
+@pytest.mark.slow
+def test_a_routing_loop_stopped_with_sigterm_releases_its_lease_and_exits(transactional_db, world, tmp_path):
+    router = _start(["-m", "django", "route", "--interval", "0.5"], tmp_path / "router.log")
+    try:
+        holder = wait_for(lambda: lease_holder("router"), timeout=30)
+        assert _pid(holder) == router.pid
+        router.terminate()
+        assert router.wait(timeout=20) == 0
+        assert lease_holder("router") == ""
+    finally:
+        stop_all([router])

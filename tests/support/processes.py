@@ -1,6 +1,12 @@
-"""Processes the tests start (workers, servers, the gateway): their environment, a free port, waiting."""
+"""Processes the tests start (workers, servers, the gateway): their environment, a free port, waiting,
+stopping."""
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
+import time
 
 
 def database_url() -> str:
@@ -15,8 +21,6 @@ def database_url() -> str:
 
 
 def child_env(**extra: str) -> dict[str, str]:
-    import os
-
     from django.conf import settings
 
     from core.services.audit_checkpoints import checkpoint_key
@@ -30,8 +34,6 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    import time
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
@@ -45,3 +47,26 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_all(procs, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    """SIGTERM every process still running, as an orchestrator stops a pod, and wait for them together. One
+    that is still running after ``timeout`` is killed (so it holds no connection past the test) and fails
+    the test: stopping cleanly on SIGTERM is part of what each process promises."""
+    running = [proc for proc in procs if proc.poll() is None]
+    for proc in running:
+        proc.terminate()
+    deadline = time.monotonic() + timeout
+    stuck = []
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            stuck.append(proc)
+            with contextlib.suppress(ProcessLookupError):  # it may have exited just now
+                if os.getpgid(proc.pid) == proc.pid:  # a session of its own: its children go with it
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    proc.kill()
+            proc.wait(timeout=10)
+    assert not stuck, f"still running {timeout} s after SIGTERM: {[proc.args for proc in stuck]}"
