@@ -3,8 +3,9 @@
 Sources: ``file://`` (a file or a model directory), ``s3://bucket/prefix`` (credentials and endpoint from
 the standard AWS variables, or ``ARTIFACT_SOURCE_S3_ENDPOINT``) and ``http(s)://``. Each file is hashed
 while it streams; a file whose SHA-256 differs from the one declared at registration is refused, the
-upload aborted, and the version rejected (audited, with the reason). Files already in the home store are
-not fetched again.
+upload aborted, and the version rejected (audited, with the reason). A file whose bytes the home store
+already holds is read and hashed all the same (the store is shared by every tenant: a digest alone proves
+nothing), but not uploaded again.
 """
 
 import hashlib
@@ -82,11 +83,27 @@ def _parts(chunks: Iterator[bytes], part_size: int) -> Iterator[bytes]:
 
 def _ingest_file(home: ObjectStore, uri: str, sha256: str, part_size: int) -> None:
     key = blob_key(sha256)
+    parts = _parts(_read(uri, part_size), part_size)
     if home.size_of(key) is not None:
-        return
+        # Stored already, by another version (maybe another tenant's): the source is read all the same, or
+        # naming a digest would be enough to be served someone else's weights. Only the upload is saved.
+        digest = hashlib.sha256()
+        for part in parts:
+            digest.update(part)
+        matches = digest.hexdigest() == sha256
+    else:
+        matches = _upload(home, key, parts, sha256)
+    if not matches:
+        # Never the digest found: the reason is shown to the tenant, and would tell it the SHA-256 of any
+        # file or URL it names (a way to learn what it may not read, and to register it as its own).
+        raise ValueError(f"{uri} does not have the declared SHA-256 {sha256}")
+
+
+def _upload(home: ObjectStore, key: str, parts: Iterator[bytes], sha256: str) -> bool:
+    """Stream ``parts`` into ``key``, kept only if they hash to ``sha256`` (False: aborted)."""
     upload, digest, etags = home.begin(key), hashlib.sha256(), {}
     try:
-        for number, part in enumerate(_parts(_read(uri, part_size), part_size), start=1):
+        for number, part in enumerate(parts, start=1):
             digest.update(part)
             if part or number == 1:
                 etags[number] = home.put_part(key, upload, number, part)
@@ -95,10 +112,9 @@ def _ingest_file(home: ObjectStore, uri: str, sha256: str, part_size: int) -> No
         raise
     if digest.hexdigest() != sha256:
         home.abort(key, upload)
-        # Never the digest found: the reason is shown to the tenant, and would tell it the SHA-256 of any
-        # file or URL it names (a way to learn what it may not read, and to register it as its own).
-        raise ValueError(f"{uri} does not have the declared SHA-256 {sha256}")
+        return False
     home.complete(key, upload, etags, sha256)
+    return True
 
 
 def ingest(version_id: int) -> str:

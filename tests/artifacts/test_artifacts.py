@@ -481,6 +481,41 @@ def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, ho
     assert actual not in event.message and actual[:12] not in event.message  # no oracle of any file's digest
 
 
+def test_a_digest_the_home_store_holds_is_not_enough_to_claim_its_bytes(world, chat_model, home, tmp_path):
+    """The home store is shared by every tenant, by digest: naming another tenant's digest without having
+    the bytes gets the version rejected; having them gets it ingested without a second upload."""
+    from artifacts.services.ingest import ingest
+    from registry.services.models import model_register
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    weights = tmp_path / "a" / "weights.bin"
+    weights.write_bytes(b"tenant A's fine-tuned weights")
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    alice, bob = principal(world.alice), principal(world.bob)
+    theirs = register(
+        chat_model, alice, "1.0.0", artifact_uri=f"file://{weights}", sha=sha, artifact_manifest=[]
+    )
+    assert ingest(theirs.pk) == "ingested"
+    blob = tmp_path / "home" / blob_key(sha)
+    stored = blob.stat().st_mtime_ns
+
+    copycat = model_register(actor=bob, owner=world.tenant_b, name="copycat", task="chat")
+    decoy = tmp_path / "b" / "decoy.bin"
+    decoy.write_bytes(b"anything at all")
+    claim = register(copycat, bob, "1.0.0", artifact_uri=f"file://{decoy}", sha=sha, artifact_manifest=[])
+    assert ingest(claim.pk) == "rejected"
+    claim.refresh_from_db()
+    assert claim.status == "rejected"
+    assert "checksum mismatch at ingest" in AuditEvent.objects.get(action="model_version.rejected").message
+
+    same = tmp_path / "b" / "weights.bin"
+    same.write_bytes(weights.read_bytes())
+    honest = register(copycat, bob, "2.0.0", artifact_uri=f"file://{same}", sha=sha, artifact_manifest=[])
+    assert ingest(honest.pk) == "ingested"
+    assert blob.stat().st_mtime_ns == stored  # not uploaded again
+
+
 @pytest.mark.django_db(transaction=True)
 def test_staging_a_version_starts_copies_ahead_only_where_it_may_be_stored(
     world, chat_model, home, make_region, s3_endpoints

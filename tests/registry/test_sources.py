@@ -214,7 +214,7 @@ def test_ingest_checks_every_redirect_and_every_stored_blob(settings, world, cha
     event = AuditEvent.objects.get(action="model_version.rejected")
     assert "refused at ingest" in event.message
 
-    # Bytes the home store already holds are not read again, but their source is still checked.
+    # Bytes the home store already holds: their source is checked before it is read to prove them.
     sha = put_blob(LocalStore(tmp_path / "home"), b"weights")
     stored = register(
         chat_model, actor, "2.0.0", artifact_uri=f"{allowed}/w2.bin", sha=sha, artifact_manifest=[]
