@@ -50,6 +50,16 @@ class DataClassification(models.TextChoices):
     RESTRICTED = "restricted", "Restricted"
 
 
+class WeightsCheck(models.TextChoices):
+    """Whether a version's declared SHA-256s were seen in its source's bytes. Weights are stored once per
+    digest for every tenant, so a version's are copied out of the home store only once ingest has read
+    them from its own source (or when it was registered with ingest off, the digests taken as declared)."""
+
+    PENDING = "pending", "Waiting for ingest"
+    VERIFIED = "verified", "Verified at ingest"
+    DECLARED = "declared", "Taken as declared (ingest off)"
+
+
 class VersionStatus(models.TextChoices):
     DRAFT = "draft", "Draft"
     VALIDATING = "validating", "Validating"

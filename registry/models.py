@@ -13,6 +13,7 @@ from registry.choices import (
     ReportOutcome,
     VersionStatus,
     Visibility,
+    WeightsCheck,
 )
 
 SHA256 = RegexValidator(r"^[0-9a-f]{64}$", "Must be 64 lowercase hexadecimal characters (a SHA-256 digest).")
@@ -100,6 +101,10 @@ class ModelVersion(models.Model):
     artifact_size_bytes = models.PositiveBigIntegerField(validators=[MinValueValidator(1)])
     artifact_format = models.CharField(max_length=16, choices=ArtifactFormat.choices)
     artifact_manifest = models.JSONField(default=list, blank=True)
+    # Whether ingest saw the declared digests in the source's bytes; replication waits for it (WeightsCheck).
+    weights_check = models.CharField(
+        max_length=16, choices=WeightsCheck.choices, default=WeightsCheck.DECLARED
+    )
     # Serving
     served_model_name = models.CharField(max_length=200, validators=[SERVED_NAME])
     runtime_version = models.CharField(max_length=32, validators=[RUNTIME_VERSION])

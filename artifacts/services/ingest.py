@@ -20,9 +20,11 @@ from django.conf import settings
 from artifacts.drivers.stores import ObjectStore, blob_key, s3_client
 from artifacts.services.replication import home_store
 from core.choices import AuditSource
-from core.errors import ValidationFailed
+from core.errors import InvalidTransition, ValidationFailed
 from core.principal import Principal
+from core.services.audit import audit_record
 from regions.drivers.base import DriverError
+from registry.choices import WeightsCheck
 from registry.models import ModelVersion
 from registry.selectors import version_files
 from registry.services.lifecycle import version_reject
@@ -130,9 +132,24 @@ def ingest(version_id: int) -> str:
         for uri, sha256, _ in files:
             _ingest_file(home, uri, sha256, part_size)
     except ValueError as exc:
-        version_reject(actor=SYSTEM, version=version, reason=f"checksum mismatch at ingest: {exc}")
-        return "rejected"
+        return _refuse(version, f"checksum mismatch at ingest: {exc}")
     except ValidationFailed as exc:  # the list narrowed since registration, a link or a redirect leads out
-        version_reject(actor=SYSTEM, version=version, reason=f"refused at ingest: {exc.message}")
-        return "rejected"
+        return _refuse(version, f"refused at ingest: {exc.message}")
+    ModelVersion.objects.filter(pk=version.pk).update(weights_check=WeightsCheck.VERIFIED)
     return "ingested"
+
+
+def _refuse(version: ModelVersion, reason: str) -> str:
+    """Reject the version; one promoted meanwhile (past validating) cannot be, but its weights stay
+    unverified, so replication never copies them out of the home store; the refusal is audited."""
+    try:
+        version_reject(actor=SYSTEM, version=version, reason=reason)
+    except InvalidTransition:
+        audit_record(
+            actor=SYSTEM,
+            action="model_version.weights_refused",
+            target=version,
+            tenant=version.model.owner,
+            message=reason,
+        )
+    return "rejected"

@@ -7,6 +7,10 @@ a narrowed policy forbids copies made before (garbage collection then deletes th
 
 A replica is claimed with a lease by conditional UPDATE, copied blob by blob (resumable, parallel parts),
 verified by SHA-256 at the destination, and only then ``ready``.
+
+Nothing is copied for a version whose weights ingest has not yet read from its own source
+(``awaiting_ingest``): the home store holds each digest once for every tenant, and naming a digest must
+not be enough to be given its bytes.
 """
 
 import time
@@ -30,6 +34,7 @@ from core.residency import residency_refusal, weights_of
 from core.services.audit import audit_record
 from regions.drivers.base import DriverError
 from regions.models import Region
+from registry.choices import WeightsCheck
 from registry.models import ModelVersion
 from registry.selectors import version_files
 
@@ -117,6 +122,15 @@ def blobs_of(version: ModelVersion) -> list[tuple[str, int]]:
     return [(f.sha256, f.size_bytes) for f in version_files(version)]
 
 
+AWAITING_INGEST = "waiting for ingest to read the version's weights from its source"
+
+
+def awaiting_ingest(version: ModelVersion) -> bool:
+    """Whether the version's weights may not leave the home store yet: ingest has not read them from the
+    version's own source (a mismatch rejects the version, or leaves it waiting for good if it moved on)."""
+    return version.weights_check == WeightsCheck.PENDING
+
+
 def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:
     replica, _ = ArtifactReplica.objects.get_or_create(
         version=version, region=region, defaults={"bytes_total": sum(size for _, size in blobs_of(version))}
@@ -163,6 +177,17 @@ def _forbid(replica: ArtifactReplica, reason: str) -> None:
         ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=reason).update(last_error=reason)
 
 
+def _held_for_ingest(replica: ArtifactReplica) -> bool:
+    """True (the reason recorded, the replica left pending) while the version awaits its ingest: the
+    periodic pass asks again each minute."""
+    if not awaiting_ingest(replica.version):
+        return False
+    ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=AWAITING_INGEST).update(
+        last_error=AWAITING_INGEST
+    )
+    return True
+
+
 def _claim(replica: ArtifactReplica) -> bool:
     now = timezone.now()
     return replica_transition(
@@ -178,7 +203,7 @@ def _claim(replica: ArtifactReplica) -> bool:
 def replicate(replica_id: int, tuning: CopyTuning | None = None) -> ArtifactReplica:
     """Bring one replica to ready (or forbidden/failed). Safe to call repeatedly and concurrently."""
     replica = ArtifactReplica.objects.select_related("version__model__owner", "region").get(pk=replica_id)
-    if not enforce_residency(replica) and _claim(replica):
+    if not enforce_residency(replica) and not _held_for_ingest(replica) and _claim(replica):
         try:
             _copy_and_verify(replica, tuning or CopyTuning(**settings.ARTIFACT_COPY_TUNING))
         except (DriverError, OSError, Exception) as exc:  # any failure is recorded; the next attempt resumes

@@ -16,7 +16,9 @@ from artifacts.choices import ReplicaState
 from artifacts.drivers.stores import Blobs, store_from_config
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import (
+    AWAITING_INGEST,
     Audited,
+    awaiting_ingest,
     enforce_residency,
     needs_attempt,
     replica_for,
@@ -77,6 +79,8 @@ def weights_gate(version: ModelVersion, region: Region) -> WeightsWait | None:
         return None
     if replica.state == ReplicaState.FORBIDDEN:
         return WeightsWait(f"weights may not be stored here: {replica.last_error}", permanent=True)
+    if awaiting_ingest(version):
+        return WeightsWait(AWAITING_INGEST)
     if needs_attempt(replica, timezone.now()):
         tasks.replicate_artifact.delay(replica.pk)
     detail = f" ({replica.last_error})" if replica.state == ReplicaState.FAILED else ""

@@ -133,7 +133,7 @@ class VersionSerializer(serializers.ModelSerializer):
     class Meta:
         model = ModelVersion
         exclude = ["id", "parent"]
-        read_only_fields = ["status"]
+        read_only_fields = ["status", "weights_check"]
 
     def get_sizing(self, version: ModelVersion) -> dict[str, Any]:
         return sizing_of(version)

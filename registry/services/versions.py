@@ -3,6 +3,7 @@
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -11,7 +12,7 @@ from core.errors import Conflict, ValidationFailed
 from core.principal import Principal
 from core.services.audit import audit_record, snapshot
 from core.services.validation import full_clean, jurisdiction_codes
-from registry.choices import FINAL_STATES, VersionStatus
+from registry.choices import FINAL_STATES, VersionStatus, WeightsCheck
 from registry.engine_args import DTYPES, QUANTIZATIONS, validate_engine_args
 from registry.hooks import REGISTER_LISTENERS
 from registry.models import SHA256, ModelVersion, RegisteredModel
@@ -151,6 +152,9 @@ def version_register(
     if existing is not None:
         return existing, False
     candidate = ModelVersion(model=model, version=version, created_by_name=actor.name, **fields)
+    # Proven by ingest, which reads the source after the registration commits; taken as declared if none will.
+    ingesting = settings.ARTIFACT_INGEST_ON_REGISTER
+    candidate.weights_check = WeightsCheck.PENDING if ingesting else WeightsCheck.DECLARED
     if parent_version:
         candidate.parent = model.versions.filter(version=parent_version).first()
         if candidate.parent is None:

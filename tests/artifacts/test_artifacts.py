@@ -16,14 +16,14 @@ from moto.server import ThreadedMotoServer
 from artifacts.drivers.copier import CopyTuning, copy_blob
 from artifacts.drivers.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
 from artifacts.models import ArtifactReplica
-from artifacts.services.replication import replica_for, replicate
+from artifacts.services.replication import AWAITING_INGEST, replica_for, replicate
 from artifacts.tasks import resume_replication
 from core.models import AuditEvent
 from regions.drivers.base import DriverError
 from tests.support.artifacts import put_blob
 from tests.support.principals import principal
 from tests.support.processes import child_env, wait_for
-from tests.support.registry import register
+from tests.support.registry import advance, register, register_file
 
 MiB = 1024 * 1024
 SMALL = CopyTuning(part_size=5 * MiB, concurrency=4)
@@ -481,39 +481,76 @@ def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, ho
     assert actual not in event.message and actual[:12] not in event.message  # no oracle of any file's digest
 
 
-def test_a_digest_the_home_store_holds_is_not_enough_to_claim_its_bytes(world, chat_model, home, tmp_path):
-    """The home store is shared by every tenant, by digest: naming another tenant's digest without having
-    the bytes gets the version rejected; having them gets it ingested without a second upload."""
+def test_a_digest_the_home_store_holds_is_not_enough_to_claim_its_bytes(
+    settings, world, chat_model, home, make_region, tmp_path
+):
+    """The home store is shared by every tenant, by digest: a version naming another tenant's digest is
+    copied nowhere until ingest has read those bytes from its own source, and is rejected when it cannot;
+    a version that has them is verified without a second upload, then copied."""
     from artifacts.services.ingest import ingest
     from registry.services.models import model_register
 
+    settings.ARTIFACT_INGEST_ON_REGISTER = True
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     weights = tmp_path / "a" / "weights.bin"
     weights.write_bytes(b"tenant A's fine-tuned weights")
-    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
-    alice, bob = principal(world.alice), principal(world.bob)
-    theirs = register(
-        chat_model, alice, "1.0.0", artifact_uri=f"file://{weights}", sha=sha, artifact_manifest=[]
-    )
+    theirs = register_file(chat_model, principal(world.alice), "1.0.0", weights)
+    sha = theirs.artifact_sha256
+    assert theirs.weights_check == "pending"
     assert ingest(theirs.pk) == "ingested"
     blob = tmp_path / "home" / blob_key(sha)
     stored = blob.stat().st_mtime_ns
 
+    us = region_with_store(make_region, "us-east-1", "US", {"kind": "local", "root": str(tmp_path / "us")})
+    us_store = store_from_config(us.object_store)
+    bob = principal(world.bob)
     copycat = model_register(actor=bob, owner=world.tenant_b, name="copycat", task="chat")
     decoy = tmp_path / "b" / "decoy.bin"
     decoy.write_bytes(b"anything at all")
-    claim = register(copycat, bob, "1.0.0", artifact_uri=f"file://{decoy}", sha=sha, artifact_manifest=[])
+    claim = register_file(copycat, bob, "1.0.0", decoy, sha=sha, allowed_jurisdictions=["US"])
+    replica = replicate(replica_for(claim, us).pk)  # before its ingest: nothing moves
+    assert (replica.state, replica.last_error) == ("pending", AWAITING_INGEST)
     assert ingest(claim.pk) == "rejected"
     claim.refresh_from_db()
-    assert claim.status == "rejected"
+    assert (claim.status, claim.weights_check) == ("rejected", "pending")
     assert "checksum mismatch at ingest" in AuditEvent.objects.get(action="model_version.rejected").message
+    assert replicate(replica.pk).state == "pending" and us_store.size_of(blob_key(sha)) is None
 
     same = tmp_path / "b" / "weights.bin"
     same.write_bytes(weights.read_bytes())
-    honest = register(copycat, bob, "2.0.0", artifact_uri=f"file://{same}", sha=sha, artifact_manifest=[])
+    honest = register_file(copycat, bob, "2.0.0", same, allowed_jurisdictions=["US"])
     assert ingest(honest.pk) == "ingested"
+    honest.refresh_from_db()
+    assert honest.weights_check == "verified"
     assert blob.stat().st_mtime_ns == stored  # not uploaded again
+    assert replicate(replica_for(honest, us).pk).state == "ready"
+    assert us_store.size_of(blob_key(sha)) == len(weights.read_bytes())
+
+
+def test_a_version_promoted_before_its_ingest_refused_it_keeps_its_weights_home(
+    settings, world, chat_model, home, make_region, tmp_path
+):
+    """Ingest cannot reject a version already promoted past validating: its weights stay unverified, so no
+    region ever gets them, and the refusal is audited."""
+    from artifacts.services.ingest import ingest
+    from artifacts.services.scheduling import weights_gate
+
+    settings.ARTIFACT_INGEST_ON_REGISTER = True
+    sha = put_blob(home, b"somebody's weights")
+    decoy = tmp_path / "decoy.bin"
+    decoy.write_bytes(b"not those")
+    version = register_file(chat_model, principal(world.alice), "1.0.0", decoy, sha=sha)
+    advance(version, principal(world.operator), "staged")
+    assert ingest(version.pk) == "rejected"
+    version.refresh_from_db()
+    assert (version.status, version.weights_check) == ("staged", "pending")
+    assert "checksum mismatch" in AuditEvent.objects.get(action="model_version.weights_refused").message
+    eu = region_with_store(make_region, "eu-west-1", "EU", {"kind": "local", "root": str(tmp_path / "eu")})
+    assert replicate(replica_for(version, eu).pk).state == "pending"
+    assert store_from_config(eu.object_store).size_of(blob_key(sha)) is None
+    wait = weights_gate(version, eu)  # what a deployment's target there shows
+    assert wait is not None and wait.message == AWAITING_INGEST and not wait.permanent
 
 
 @pytest.mark.django_db(transaction=True)

@@ -36,6 +36,7 @@ def test_register_model_and_version(world, api):
     assert version.status_code == 201
     body = version.json()
     assert body["status"] == "draft" and body["created_by_name"] == "alice"
+    assert body["weights_check"] == "declared"  # the tests run without ingest on registration
     assert body["sizing"]["smallest_fit"] == {"gpu_type": "L4", "gpu_count": 1, "memory_gib": 24}
 
 
@@ -66,6 +67,7 @@ def test_registration_is_idempotent_and_conflicts_on_other_bytes(ci):
         ({"artifact_manifest": [{"path": "../etc/passwd"}]}, "artifact_manifest"),
         ({"max_context_length": -1}, "max_context_length"),
         ({"colour": "blue"}, "colour"),
+        ({"weights_check": "verified"}, "weights_check"),  # only ingest verifies
     ],
 )
 def test_bad_versions_are_400_naming_the_problem_and_write_nothing(ci, overrides, field):

@@ -1,6 +1,7 @@
 """Registry fixtures: a realistic 8B chat model of tenant A, registered through the services."""
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 from core.principal import Principal
@@ -60,6 +61,16 @@ def register(
     sha = overrides.pop("sha", hashlib.sha256(version.encode()).hexdigest())
     found, _ = version_register(actor=actor, model=model, **version_payload(version, sha, **overrides))
     return found
+
+
+def register_file(
+    model: RegisteredModel, actor: Principal, version: str, path: Path, sha: str = "", **overrides: Any
+) -> ModelVersion:
+    """A version whose weights are the one file at ``path``, declared with ``sha`` (by default its own)."""
+    declared = sha or hashlib.sha256(path.read_bytes()).hexdigest()
+    return register(
+        model, actor, version, artifact_uri=f"file://{path}", sha=declared, artifact_manifest=[], **overrides
+    )
 
 
 def advance(
