@@ -5,7 +5,6 @@ webhook is sent and every address must be global, so a tenant cannot make the co
 its own network (loopback, private ranges, link-local metadata endpoints). Redirects are not followed.
 """
 
-import ipaddress
 import json
 import logging
 import socket
@@ -13,7 +12,10 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from gateway.addresses import Addresses
+
 log = logging.getLogger(__name__)
+PUBLIC_ONLY = Addresses([])  # no network of the operator's: a webhook goes to the public internet only
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -22,15 +24,14 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 def public_host(url: str) -> bool:
-    """Whether every address ``url``'s host resolves to is a global one."""
+    """Whether every address ``url``'s host resolves to is the public internet, by the rule the gateway's
+    ``http`` stages use (``gateway.addresses``)."""
     host = urllib.parse.urlsplit(url).hostname or ""
     try:
-        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except (OSError, UnicodeError):
         return False
-    return bool(found) and all(
-        ipaddress.ip_address(str(address).split("%")[0]).is_global for address in found
-    )
+    return bool(found) and not any(PUBLIC_ONLY.refused(address) for address in found)
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 5.0, public_only: bool = False) -> bool:

@@ -2,54 +2,24 @@
 (loopback, private, link-local, reserved and multicast addresses, the cloud metadata address among them),
 unless the operator allows some (``GATEWAY_STAGE_NETWORKS``, for tenants' services on a private network).
 
-One rule (``Addresses.refused``), applied where the address is known: to an IP literal in the URL before
-the call, and to a name by the resolver of the session the stages are called with, on the very addresses
-the connection is made to (resolved once). A host whose DNS answer changes between a check and the
-connection (DNS rebinding) therefore cannot be reached: there is no earlier check to pass.
+One rule (``gateway.addresses.Addresses.refused``, which the control plane's webhooks use too), applied
+where the address is known: to an IP literal in the URL before the call, and to a name by the resolver of
+the session the stages are called with, on the very addresses the connection is made to (resolved once).
+A host whose DNS answer changes between a check and the connection (DNS rebinding) therefore cannot be
+reached: there is no earlier check to pass.
 """
 
 import errno
-import ipaddress
 import socket
-from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-REFUSED = "its service is on a network the gateway does not call"
+from gateway.addresses import REFUSED, Addresses
 
 
 class StageAddressRefused(OSError):
     """A stage's host resolved to an address the gateway does not call."""
-
-
-class Addresses:
-    def __init__(self, allowed: list[str]):
-        self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
-
-    def refused(self, address: str) -> bool:
-        """Whether ``address`` is not the public internet (private, loopback, link-local, shared
-        carrier-grade space such as 100.100.100.200, reserved, multicast), seen through the IPv6 forms
-        that carry an IPv4 address (mapped, 6to4, Teredo), unless the operator allowed its network."""
-        ip = ipaddress.ip_address(address.split("%", 1)[0])  # an IPv6 zone is not part of the address
-        if any(ip in network for network in self.allowed):
-            return False
-        if isinstance(ip, ipaddress.IPv6Address):
-            carried = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-            if carried is not None and self.refused(str(carried)):
-                return True
-        return not ip.is_global or ip.is_multicast
-
-    def check(self, url: str) -> str | None:
-        """Why the stage may not call ``url`` before any connection, or None. Only an IP literal is
-        judged here (aiohttp resolves none); a name is judged by the resolver, on the addresses the
-        connection is made to, so it is resolved once."""
-        host = urlsplit(url).hostname or ""
-        try:
-            ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return None  # a name
-        return REFUSED if self.refused(host) else None
 
 
 class GuardedResolver(AbstractResolver):

@@ -9,6 +9,8 @@ def test_private_loopback_and_link_local_hosts_are_refused():
         "http://localhost/x",
         "http://10.0.0.1/x",
         "http://169.254.169.254/x",
+        "http://[2002:7f00:1::]/x",  # 6to4 carrying 127.0.0.1: the gateway's rule, so refused here too
+        "http://224.0.0.1/x",  # multicast
     ):
         assert not public_host(url), url
         assert post_json(url, {"a": 1}, timeout=0.5, public_only=True) is False

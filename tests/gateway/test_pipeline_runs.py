@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 import pytest
 from aiohttp.abc import AbstractResolver
 
+from gateway.addresses import Addresses
 from gateway.pipeline_requests import every_answer_runs_a_model
-from gateway.stage_network import Addresses
 from regions.engines.simulator import Engine, Handler
 from tests.support.gateway_harness import GatewayWorld, Service, endpoint
 
