@@ -6,12 +6,11 @@ both sides import it.
 """
 
 import ipaddress
-from urllib.parse import urlsplit
-
-REFUSED = "its service is on a network the gateway does not call"
 
 
 class Addresses:
+    """The rule, with the networks an operator allows on top of the public internet (none by default)."""
+
     def __init__(self, allowed: list[str]):
         self.allowed = [ipaddress.ip_network(n, strict=False) for n in allowed]
 
@@ -27,14 +26,3 @@ class Addresses:
             if carried is not None and self.refused(str(carried)):
                 return True
         return not ip.is_global or ip.is_multicast
-
-    def check(self, url: str) -> str | None:
-        """Why the stage may not call ``url`` before any connection, or None. Only an IP literal is
-        judged here (aiohttp resolves none); a name is judged by the resolver, on the addresses the
-        connection is made to, so it is resolved once."""
-        host = urlsplit(url).hostname or ""
-        try:
-            ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
-            return None  # a name
-        return REFUSED if self.refused(host) else None

@@ -10,12 +10,16 @@ reached: there is no earlier check to pass.
 """
 
 import errno
+import ipaddress
 import socket
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from gateway.addresses import REFUSED, Addresses
+from gateway.addresses import Addresses
+
+REFUSED = "its service is on a network the gateway does not call"
 
 
 class StageAddressRefused(OSError):
@@ -51,7 +55,15 @@ class StageNetwork:
         self._session: aiohttp.ClientSession | None = None
 
     def check(self, url: str) -> str | None:
-        return self.addresses.check(url)
+        """Why the stage may not call ``url`` before any connection, or None. Only an IP literal is
+        judged here (aiohttp resolves none); a name is judged by the resolver, on the addresses the
+        connection is made to, so it is resolved once."""
+        host = urlsplit(url).hostname or ""
+        try:
+            ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            return None  # a name
+        return REFUSED if self.addresses.refused(host) else None
 
     @staticmethod
     def refusal(exc: BaseException) -> str | None:

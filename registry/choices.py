@@ -53,10 +53,12 @@ class DataClassification(models.TextChoices):
 class WeightsCheck(models.TextChoices):
     """Whether a version's declared SHA-256s were seen in its source's bytes. Weights are stored once per
     digest for every tenant, so a version's are copied out of the home store only once ingest has read
-    them from its own source (or when it was registered with ingest off, the digests taken as declared)."""
+    them from its own source (or when it was registered with ingest off, the digests taken as declared).
+    ``registry.services.versions.weights_check_at_registration`` sets the first state."""
 
     PENDING = "pending", "Waiting for ingest"
     VERIFIED = "verified", "Verified at ingest"
+    REFUSED = "refused", "Refused at ingest"
     DECLARED = "declared", "Taken as declared (ingest off)"
 
 

@@ -103,7 +103,7 @@ class ModelVersion(models.Model):
     artifact_manifest = models.JSONField(default=list, blank=True)
     # Whether ingest saw the declared digests in the source's bytes; replication waits for it (WeightsCheck).
     weights_check = models.CharField(
-        max_length=16, choices=WeightsCheck.choices, default=WeightsCheck.DECLARED
+        max_length=16, choices=WeightsCheck.choices, default=WeightsCheck.PENDING
     )
     # Serving
     served_model_name = models.CharField(max_length=200, validators=[SERVED_NAME])

@@ -140,8 +140,10 @@ def ingest(version_id: int) -> str:
 
 
 def _refuse(version: ModelVersion, reason: str) -> str:
-    """Reject the version; one promoted meanwhile (past validating) cannot be, but its weights stay
-    unverified, so replication never copies them out of the home store; the refusal is audited."""
+    """Refuse the weights for good (replication never copies them out of the home store) and reject the
+    version; one promoted meanwhile (past validating) cannot be rejected, so the refusal is audited."""
+    ModelVersion.objects.filter(pk=version.pk).update(weights_check=WeightsCheck.REFUSED)
+    version.refresh_from_db(fields=["status"])  # it may have moved while its files streamed
     try:
         version_reject(actor=SYSTEM, version=version, reason=reason)
     except InvalidTransition:

@@ -8,9 +8,9 @@ a narrowed policy forbids copies made before (garbage collection then deletes th
 A replica is claimed with a lease by conditional UPDATE, copied blob by blob (resumable, parallel parts),
 verified by SHA-256 at the destination, and only then ``ready``.
 
-Nothing is copied for a version whose weights ingest has not yet read from its own source
-(``awaiting_ingest``): the home store holds each digest once for every tenant, and naming a digest must
-not be enough to be given its bytes.
+Nothing is copied for a version whose weights ingest has not read from its own source, or refused
+(``weights_held``): the home store holds each digest once for every tenant, and naming a digest must not
+be enough to be given its bytes.
 """
 
 import time
@@ -60,10 +60,17 @@ def needs_attempt(replica: ArtifactReplica, now: datetime) -> bool:
 
 def due_replicas() -> list[int]:
     """The periodic pass's list: residency applied to every replica (ready ones included), then each copy
-    that needs an attempt, whether or not a deployment waits on it (artifacts.tasks sends them)."""
+    that needs an attempt and whose weights may leave the home store, whether or not a deployment waits on
+    it (artifacts.tasks sends them)."""
     now = timezone.now()
     every = ArtifactReplica.objects.select_related("version__model__owner", "region")
-    return [replica.pk for replica in every if not enforce_residency(replica) and needs_attempt(replica, now)]
+    return [
+        replica.pk
+        for replica in every
+        if not enforce_residency(replica)
+        and not weights_held(replica.version)
+        and needs_attempt(replica, now)
+    ]
 
 
 @dataclass(frozen=True)
@@ -122,13 +129,16 @@ def blobs_of(version: ModelVersion) -> list[tuple[str, int]]:
     return [(f.sha256, f.size_bytes) for f in version_files(version)]
 
 
-AWAITING_INGEST = "waiting for ingest to read the version's weights from its source"
+HELD = {
+    WeightsCheck.PENDING: "waiting for ingest to read the version's weights from its source",
+    WeightsCheck.REFUSED: "ingest refused the version's weights: they are never copied out of the home store",
+}
 
 
-def awaiting_ingest(version: ModelVersion) -> bool:
-    """Whether the version's weights may not leave the home store yet: ingest has not read them from the
-    version's own source (a mismatch rejects the version, or leaves it waiting for good if it moved on)."""
-    return version.weights_check == WeightsCheck.PENDING
+def weights_held(version: ModelVersion) -> str:
+    """Why the version's weights may not leave the home store ('' when they may): ingest has not yet
+    read them from the version's own source, or found them not to be what it declared."""
+    return HELD.get(WeightsCheck(version.weights_check), "")
 
 
 def replica_for(version: ModelVersion, region: Region) -> ArtifactReplica:
@@ -178,14 +188,12 @@ def _forbid(replica: ArtifactReplica, reason: str) -> None:
 
 
 def _held_for_ingest(replica: ArtifactReplica) -> bool:
-    """True (the reason recorded, the replica left pending) while the version awaits its ingest: the
-    periodic pass asks again each minute."""
-    if not awaiting_ingest(replica.version):
-        return False
-    ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=AWAITING_INGEST).update(
-        last_error=AWAITING_INGEST
-    )
-    return True
+    """True (the reason recorded, the replica left as it is) while the version's weights are held: the
+    periodic pass tries again once ingest has verified them."""
+    held = weights_held(replica.version)
+    if held:
+        ArtifactReplica.objects.filter(pk=replica.pk).exclude(last_error=held).update(last_error=held)
+    return bool(held)
 
 
 def _claim(replica: ArtifactReplica) -> bool:
@@ -197,6 +205,7 @@ def _claim(replica: ArtifactReplica) -> bool:
         lease_until=now + LEASE,
         started_at=now,
         updated_at=now,
+        last_error="",
     )
 
 

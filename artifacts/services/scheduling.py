@@ -16,13 +16,12 @@ from artifacts.choices import ReplicaState
 from artifacts.drivers.stores import Blobs, store_from_config
 from artifacts.models import ArtifactReplica
 from artifacts.services.replication import (
-    AWAITING_INGEST,
     Audited,
-    awaiting_ingest,
     enforce_residency,
     needs_attempt,
     replica_for,
     replica_transition,
+    weights_held,
 )
 from core.choices import Scope
 from core.errors import Conflict
@@ -31,7 +30,7 @@ from core.residency import residency_refusal, weights_of
 from regions.hooks import WeightsWait
 from regions.models import DeploymentTarget, Region
 from regions.workloads import target_version
-from registry.choices import VersionStatus
+from registry.choices import VersionStatus, WeightsCheck
 from registry.models import ModelVersion
 
 
@@ -79,8 +78,8 @@ def weights_gate(version: ModelVersion, region: Region) -> WeightsWait | None:
         return None
     if replica.state == ReplicaState.FORBIDDEN:
         return WeightsWait(f"weights may not be stored here: {replica.last_error}", permanent=True)
-    if awaiting_ingest(version):
-        return WeightsWait(AWAITING_INGEST)
+    if held := weights_held(version):
+        return WeightsWait(held, permanent=version.weights_check == WeightsCheck.REFUSED)
     if needs_attempt(replica, timezone.now()):
         tasks.replicate_artifact.delay(replica.pk)
     detail = f" ({replica.last_error})" if replica.state == ReplicaState.FAILED else ""
@@ -109,6 +108,7 @@ def replicate_ahead_when_staged(version: ModelVersion, state: str) -> None:
 
 
 def ingest_when_registered(version: ModelVersion) -> None:
-    """Weights are streamed into the home store by a worker once the registration commits."""
-    if settings.ARTIFACT_INGEST_ON_REGISTER:
+    """Weights are streamed into the home store by a worker once the registration commits: those of every
+    version registered waiting for it (the registry decides, ``weights_check_at_registration``)."""
+    if version.weights_check == WeightsCheck.PENDING:
         tasks.ingest_artifact.delay(version.pk)

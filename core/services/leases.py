@@ -59,6 +59,8 @@ def lease_release_on_stop(name: str, holder: str, wait: float = 5.0) -> None:
     releaser = threading.Thread(target=_release_on_own_connection, args=(name, holder), daemon=True)
     releaser.start()
     releaser.join(wait)
+    if releaser.is_alive():
+        log.warning("%s did not release the %s lease within %ss; it runs out instead", holder, name, wait)
 
 
 def _release_on_own_connection(name: str, holder: str) -> None:

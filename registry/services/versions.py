@@ -19,6 +19,14 @@ from registry.models import SHA256, ModelVersion, RegisteredModel
 from registry.services.access import require_on_model
 from registry.sources import check_source
 
+# What the weights are: fixed at registration (CONTENT_FIELDS are fixed when the version leaves draft).
+WEIGHTS_FIELDS = (
+    "artifact_uri",
+    "artifact_sha256",
+    "artifact_size_bytes",
+    "artifact_format",
+    "artifact_manifest",
+)
 CONTENT_FIELDS = (
     "artifact_uri",
     "artifact_sha256",
@@ -152,9 +160,7 @@ def version_register(
     if existing is not None:
         return existing, False
     candidate = ModelVersion(model=model, version=version, created_by_name=actor.name, **fields)
-    # Proven by ingest, which reads the source after the registration commits; taken as declared if none will.
-    ingesting = settings.ARTIFACT_INGEST_ON_REGISTER
-    candidate.weights_check = WeightsCheck.PENDING if ingesting else WeightsCheck.DECLARED
+    candidate.weights_check = weights_check_at_registration()
     if parent_version:
         candidate.parent = model.versions.filter(version=parent_version).first()
         if candidate.parent is None:
@@ -180,6 +186,12 @@ def version_register(
     return candidate, True
 
 
+def weights_check_at_registration() -> str:
+    """The one answer to "will ingest read this version's weights?": pending when it will (the artifacts
+    app ingests exactly the versions registered pending), taken as declared when it is off."""
+    return WeightsCheck.PENDING if settings.ARTIFACT_INGEST_ON_REGISTER else WeightsCheck.DECLARED
+
+
 def version_update(*, actor: Principal, version: ModelVersion, changes: dict[str, Any]) -> ModelVersion:
     """Release content changes only in draft; governance metadata until the version is final."""
     require_on_model(actor, version.model, Scope.REGISTRY_WRITE)
@@ -192,6 +204,15 @@ def version_update(*, actor: Principal, version: ModelVersion, changes: dict[str
             .select_related("model__owner")
             .get(pk=version.pk)
         )
+        weights = sorted(set(changes) & set(WEIGHTS_FIELDS))
+        if weights:
+            # Ingest checks the weights against their source and replication copies them by digest: both
+            # would be undone by a change after registration.
+            raise Conflict(
+                f"{current}'s weights ({', '.join(weights)}) are fixed when it is registered. "
+                "Register a new version.",
+                code="immutable",
+            )
         content = sorted(set(changes) & set(CONTENT_FIELDS))
         if content and current.status != VersionStatus.DRAFT:
             raise Conflict(
@@ -204,7 +225,7 @@ def version_update(*, actor: Principal, version: ModelVersion, changes: dict[str
         before = snapshot(current, changes.keys())
         for name, value in changes.items():
             setattr(current, name, value)
-        _check_version(current, new_source="artifact_uri" in changes)
+        _check_version(current, new_source=False)
         current.updated_at = timezone.now()
         current.save(update_fields=[*changes.keys(), "updated_at"])
         audit_record(

@@ -16,7 +16,7 @@ from moto.server import ThreadedMotoServer
 from artifacts.drivers.copier import CopyTuning, copy_blob
 from artifacts.drivers.stores import LocalStore, S3Store, blob_key, s3_client, store_from_config
 from artifacts.models import ArtifactReplica
-from artifacts.services.replication import AWAITING_INGEST, replica_for, replicate
+from artifacts.services.replication import HELD, due_replicas, replica_for, replicate
 from artifacts.tasks import resume_replication
 from core.models import AuditEvent
 from regions.drivers.base import DriverError
@@ -482,7 +482,7 @@ def test_ingest_rejects_a_version_whose_bytes_do_not_match(world, chat_model, ho
 
 
 def test_a_digest_the_home_store_holds_is_not_enough_to_claim_its_bytes(
-    settings, world, chat_model, home, make_region, tmp_path
+    settings, client, world, chat_model, home, make_region, tmp_path
 ):
     """The home store is shared by every tenant, by digest: a version naming another tenant's digest is
     copied nowhere until ingest has read those bytes from its own source, and is rejected when it cannot;
@@ -510,21 +510,31 @@ def test_a_digest_the_home_store_holds_is_not_enough_to_claim_its_bytes(
     decoy.write_bytes(b"anything at all")
     claim = register_file(copycat, bob, "1.0.0", decoy, sha=sha, allowed_jurisdictions=["US"])
     replica = replicate(replica_for(claim, us).pk)  # before its ingest: nothing moves
-    assert (replica.state, replica.last_error) == ("pending", AWAITING_INGEST)
+    assert (replica.state, replica.last_error) == ("pending", HELD["pending"])
+    assert due_replicas() == []  # nor does the periodic pass send it
     assert ingest(claim.pk) == "rejected"
     claim.refresh_from_db()
-    assert (claim.status, claim.weights_check) == ("rejected", "pending")
+    assert (claim.status, claim.weights_check) == ("rejected", "refused")
     assert "checksum mismatch at ingest" in AuditEvent.objects.get(action="model_version.rejected").message
-    assert replicate(replica.pk).state == "pending" and us_store.size_of(blob_key(sha)) is None
+    replica = replicate(replica.pk)
+    assert (replica.state, replica.last_error) == ("pending", HELD["refused"])
+    assert us_store.size_of(blob_key(sha)) is None
+    client.force_login(world.bob)
+    assert "Refused at ingest" in client.get("/registry/globex/copycat/1.0.0/").content.decode()
+    client.force_login(world.alice)  # the other tenant learns nothing of it
+    assert client.get("/registry/globex/copycat/1.0.0/").status_code == 404
 
     same = tmp_path / "b" / "weights.bin"
     same.write_bytes(weights.read_bytes())
     honest = register_file(copycat, bob, "2.0.0", same, allowed_jurisdictions=["US"])
+    waiting = replica_for(honest, us)
+    assert due_replicas() == []
     assert ingest(honest.pk) == "ingested"
     honest.refresh_from_db()
     assert honest.weights_check == "verified"
     assert blob.stat().st_mtime_ns == stored  # not uploaded again
-    assert replicate(replica_for(honest, us).pk).state == "ready"
+    assert due_replicas() == [waiting.pk]  # sent by the next periodic pass
+    assert replicate(waiting.pk).state == "ready"
     assert us_store.size_of(blob_key(sha)) == len(weights.read_bytes())
 
 
@@ -544,13 +554,13 @@ def test_a_version_promoted_before_its_ingest_refused_it_keeps_its_weights_home(
     advance(version, principal(world.operator), "staged")
     assert ingest(version.pk) == "rejected"
     version.refresh_from_db()
-    assert (version.status, version.weights_check) == ("staged", "pending")
+    assert (version.status, version.weights_check) == ("staged", "refused")
     assert "checksum mismatch" in AuditEvent.objects.get(action="model_version.weights_refused").message
     eu = region_with_store(make_region, "eu-west-1", "EU", {"kind": "local", "root": str(tmp_path / "eu")})
     assert replicate(replica_for(version, eu).pk).state == "pending"
     assert store_from_config(eu.object_store).size_of(blob_key(sha)) is None
-    wait = weights_gate(version, eu)  # what a deployment's target there shows
-    assert wait is not None and wait.message == AWAITING_INGEST and not wait.permanent
+    wait = weights_gate(version, eu)  # what a deployment's target there shows: failed, for good
+    assert wait is not None and wait.message == HELD["refused"] and wait.permanent
 
 
 @pytest.mark.django_db(transaction=True)

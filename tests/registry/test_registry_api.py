@@ -143,6 +143,27 @@ def test_content_is_immutable_after_draft_but_governance_is_not(ci):
     assert ModelVersion.objects.get().engine_args["max_model_len"] == 4096
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"artifact_sha256": "b" * 64},
+        {"artifact_uri": "s3://models/other/"},
+        {"artifact_manifest": []},
+        {"artifact_size_bytes": 1},
+        {"artifact_format": "gguf"},
+    ],
+)
+def test_a_versions_weights_are_fixed_at_registration_even_in_draft(ci, change):
+    """Ingest checks them against their source and replication copies them by digest: an edit after
+    registration would carry another tenant's digest past both."""
+    created = ci.post(f"{BASE}/versions/", version_payload(), format="json").json()
+    edited = ci.patch(f"{BASE}/versions/1.0.0/", change, format="json")
+    assert edited.status_code == 409 and edited.json()["error"]["code"] == "immutable"
+    assert "Register a new version" in edited.json()["error"]["message"]
+    after = ci.get(f"{BASE}/versions/1.0.0/").json()
+    assert {name: after[name] for name in change} == {name: created[name] for name in change}
+
+
 def test_diff_and_lineage(ci):
     ci.post(f"{BASE}/versions/", version_payload(), format="json")
     ci.post(
