@@ -10,3 +10,10 @@ def put_blob(store: ObjectStore, data: bytes) -> str:
     upload = store.begin(blob_key(sha))
     store.complete(blob_key(sha), upload, {1: store.put_part(blob_key(sha), upload, 1, data)}, sha)
     return sha
+
+
+def region_with_store(make_region, code, jurisdiction, store):  # type: ignore[no-untyped-def]
+    region = make_region(code, jurisdiction)
+    region.object_store = store
+    region.save()
+    return region
